@@ -9,6 +9,7 @@ ROLES = ("writer", "editor", "judge")
 FAULT_KINDS = {
     "429": ROLES, "500": ROLES, "503": ROLES, "hang": ROLES, "invalid_argument": ROLES, "safety": ROLES,
     "malformed_json": ("judge",), "truncated_json": ("judge",),
+    "torn_body": ROLES,  # a 200 whose HTTP body stops halfway (a proxy or connection cut it)
     "text_only": ("editor",), "no_image": ("editor",), "image_safety": ("editor",),
     "truncated_image": ("editor",), "png_image": ("editor",),
     "batch_failed": ROLES,  # a whole batch job ends FAILED (struck once per job, by the role of its requests)

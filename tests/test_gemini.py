@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -287,6 +288,44 @@ def test_the_cache_answers_a_repeated_call_even_after_a_restart(fake, options, s
     assert a.data == b.data == c.data
     run(first.edit(task, source, "Add an effusion.", seed=4))  # a different payload is a new call
     assert fake.count() == 2
+
+
+def test_a_torn_response_body_is_retried_and_the_cache_keeps_the_body_as_sent(fake, options, source, tmp_path):
+    fake.reset(["torn_body:first=1"])
+    editor = GeminiEditor(cache_dir=tmp_path / "cache", **options)
+    edited = run(editor.edit(make_task(source), source, "Add an effusion.", seed=1))
+    assert fake.count() == 2 and editor.transport.network_calls == 2
+    assert decode_rgb(edited.data).shape == source.array.shape
+    (cached,) = (tmp_path / "cache").rglob("*.json")
+    body = json.loads(cached.read_text())  # the server's JSON, camelCase keys and all, not a re-serialisation
+    assert base64.b64decode(body["candidates"][0]["content"]["parts"][-1]["inlineData"]["data"]) == edited.data
+
+
+def _wire_form(value):
+    """A request body with key spelling (camelCase or snake_case) and base64 alphabet made irrelevant."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            key = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), key)
+            out[key] = base64.urlsafe_b64decode(item.replace("+", "-").replace("/", "_")) if key == "data" \
+                else _wire_form(item)
+        return out
+    return [_wire_form(v) for v in value] if isinstance(value, list) else value
+
+
+def test_our_rest_body_and_the_sdk_conversion_put_the_same_request_on_the_wire(fake, options, source):
+    task, edited = make_task(source), edited_from(source)
+    writer, editor, judge = GeminiWriter(**options), GeminiEditor(**options), GeminiJudge(**options)
+    assert writer.transport.direct is not None  # this google-genai exposes its async request: the fast path
+    requests = [next(writer.write_exchange(task, source, [])), next(editor.edit_exchange(task, source, "Add.", 5)),
+                next(judge.judge_exchange(task, source, edited, "Add."))]
+    for request, transport in zip(requests, (writer.transport, editor.transport, judge.transport)):
+        run(transport.generate(request.model, request.contents, request.config))
+        ours = fake.last_request
+        transport.direct = None  # the SDK's public method and its own conversion
+        run(transport.generate(request.model, request.contents, request.config))
+        assert _wire_form(ours) == _wire_form(fake.last_request)
+        assert [c.path for c in fake.calls[-2:]] == [f"models/{request.model}:generateContent"] * 2
 
 
 def test_failed_calls_are_not_cached(fake, options, source, tmp_path):

@@ -98,6 +98,7 @@ RECOVERED = [
     ["hang:first=2,hang=3"],  # past the 1 s timeout, retried
     ["malformed_json:first=2"],  # re-asked
     ["truncated_json:first=2"],
+    ["torn_body:first=4"],  # a 200 cut off halfway: retried like a 5xx
 ]
 API_FAILED = [
     (["429:role=writer,retry_after=0.02"], "rate_limited", "generate_prompt"),
@@ -106,6 +107,7 @@ API_FAILED = [
     (["hang:role=judge,hang=3"], "timeout", "verify_image"),
     (["truncated_json"], "unparseable_verdict", "verify_image"),
     (["malformed_json"], "unparseable_verdict", "verify_image"),
+    (["torn_body:role=editor"], "bad_response", "edit_image"),
     (["safety:role=writer"], "safety", "generate_prompt"),
 ]
 REFUSED = [  # editor refusals: a round without image or verdict, the refusal's kind in edit_result.error
