@@ -42,7 +42,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from .generation.pipeline import default_backend, gemini_options, generate, open_options, run_config
+    from .generation.pipeline import BackendSpec, default_backend, generate, run_config
     from .generation.runner import RunOptions
     from .generation.sources import Selection
 
@@ -57,12 +57,11 @@ def cmd_generate(args) -> int:
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     backend = args.backend or default_backend()
     roles = {role: getattr(args, role) or backend for role in ("writer", "editor", "judge")}
-    backend_options = gemini_options(out, roles, writer_model=args.writer_model, editor_model=args.editor_model,
-                                     judge_model=args.judge_model, rpm=args.rpm, tpm=args.tpm, timeout=args.timeout,
-                                     max_attempts=args.max_attempts, retry_base_delay=args.retry_base_delay,
-                                     image_aware_writer=args.image_aware_writer)
-    backend_options.update(open_options(
-        out, roles, base_url=args.openai_base_url, model=args.openai_model, writer_model=args.writer_model,
+    spec = BackendSpec(backend, roles, gemini=dict(
+        writer_model=args.writer_model, editor_model=args.editor_model, judge_model=args.judge_model, rpm=args.rpm,
+        tpm=args.tpm, timeout=args.timeout, max_attempts=args.max_attempts, retry_base_delay=args.retry_base_delay,
+        image_aware_writer=args.image_aware_writer), open=dict(
+        base_url=args.openai_base_url, model=args.openai_model, writer_model=args.writer_model,
         judge_model=args.judge_model, editor_model=args.editor_model, structured_output=args.structured_output,
         rpm=args.rpm, timeout=args.timeout, max_attempts=args.max_attempts, retry_base_delay=args.retry_base_delay,
         image_aware_writer=args.image_aware_writer,
@@ -70,11 +69,15 @@ def cmd_generate(args) -> int:
                    "image_guidance_scale": args.image_guidance_scale, "resolution": args.diffusers_resolution,
                    "dtype": args.dtype, "device": args.device, "batch_size": args.diffusers_batch_size,
                    "attention": args.diffusers_attention, "attention_dir": args.save_attention}))
+    if args.workers > 1 and (args.batch or roles["editor"] == "diffusers"):
+        print("medbanana generate: --workers is for API backends; with --batch one process submits everything, "
+              "and a diffusers editor would load its model once per worker", file=sys.stderr)
+        return 2
     options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
                          accept=args.accept, retry_failed=bool(args.retry_failed), shard=args.shard,
-                         quiet=args.quiet)
-    summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, backend=backend,
-                       roles=roles, backend_options=backend_options, options=options, limit=args.limit,
+                         workers=args.workers, quiet=args.quiet)
+    summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, spec=spec,
+                       options=options, limit=args.limit,
                        batch={"poll_interval": args.poll_interval} if args.batch else None)
     print(summary.format())
     return 0
@@ -193,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", type=Path, metavar="RUN_DIR",
                    help="re-run the tasks of RUN_DIR that ended with an API error (sources from its config)")
     p.add_argument("--shard", type=_shard, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes making the calls, sharing --concurrency, --rpm and --tpm (default 1). Worth it "
+                        "when the client's CPU is the limit: many calls in flight to a fast endpoint; each worker "
+                        "costs ~1 s to start. The run directory is written by this process alone")
     p.add_argument("--limit", type=int, help="only the first N tasks (for a quick try)")
     _add_run_options(p)
     p.set_defaults(func=cmd_generate)

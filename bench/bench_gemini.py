@@ -1,19 +1,22 @@
 """Throughput of `generate --backend gemini` against the fake Gemini server: how close to the concurrency bound?
 
-    python bench/bench_gemini.py                       # 200 and 1,000 tasks at --concurrency 20 and 64
+    python bench/bench_gemini.py                       # 200 and 1,000 tasks at --concurrency 20 and 64, 1 and 2 procs
     python bench/bench_gemini.py --tasks 300 --concurrency 20 --latency 0.2
 
 The fake runs in its own process with the echo engine (no image work) and a fixed latency per call, so a perfect
 client keeps `concurrency` calls in flight all the time and needs calls x latency / concurrency seconds: the bound.
-The client is one event loop, so it can also be CPU-bound: at c ms of client CPU per call it makes at most 1000/c
-calls per second, which caps the ratio at latency / (concurrency x c) ("cpu cap"; above 1 means not CPU-bound).
-Sources are 1024x1024 JPEGs (the released samples in ../shared/samples when present, else synthetic ones). Each
-configuration runs in a fresh child process, so its peak RSS is its own.
+Each client process is one event loop, so it can also be CPU-bound: at c ms of client CPU per call, P processes
+(`generate --workers P`, "procs") make at most min(P, CPUs) x 1000/c calls per second, which caps the ratio at
+min(P, CPUs) x latency / (concurrency x c) ("cpu cap"; above 1 means not CPU-bound). The fake server shares the same
+CPUs. Sources are 1024x1024 JPEGs (the released samples in ../shared/samples when present, else synthetic ones).
+Each configuration runs in a fresh child process; peak RSS is that of its largest process; "import s" is the one-off
+import of google-genai and the backends, done before the clock starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -50,28 +53,31 @@ def make_sources(root: Path, tasks: int) -> Path:
 
 def run_one(args) -> dict:
     """One configuration in this process (a child of main): run, then report figures as a JSON line."""
-    from medbanana.generation.pipeline import gemini_options, generate
+    imports = time.perf_counter()  # a one-off cost of every run (google-genai, pydantic models), printed apart
+    from medbanana.generation import gemini, transport  # noqa: F401
+    from medbanana.generation.pipeline import BackendSpec, generate
     from medbanana.generation.runner import RunOptions
 
+    imports = time.perf_counter() - imports
     roles = {"writer": "gemini", "editor": "gemini", "judge": "gemini"}
-    out = Path(args.out)
-    options = gemini_options(out, roles, base_url=args.base_url, timeout=60, max_attempts=3)
-    transport = options["writer"]["transport"]
-    started, cpu = time.perf_counter(), time.process_time()
-    summary = generate(Path(args.sources), out, backend="gemini", roles=roles, backend_options=options,
-                       limit=args.tasks, options=RunOptions(concurrency=args.concurrency, quiet=True))
+    spec = BackendSpec("gemini", roles, gemini={"base_url": args.base_url, "timeout": 60, "max_attempts": 3})
+    started = time.perf_counter()
+    summary = generate(Path(args.sources), Path(args.out), spec=spec, limit=args.tasks,
+                       options=RunOptions(concurrency=args.concurrency, workers=args.workers, quiet=True))
     wall = time.perf_counter() - started
-    return {"tasks": args.tasks, "concurrency": args.concurrency, "calls": transport.network_calls,
-            "cache_hits": transport.cache_hits, "wall": wall, "run_seconds": summary.seconds,
-            "client_cpu": time.process_time() - cpu,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "statuses": dict(summary.statuses)}
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"tasks": args.tasks, "concurrency": args.concurrency, "workers": args.workers, "calls": summary.api_calls,
+            "cache_hits": summary.cache_hits, "wall": wall, "imports": imports, "run_seconds": summary.seconds,
+            "client_cpu": sum(u.ru_utime + u.ru_stime for u in (own, workers)),
+            "peak_rss_mb": max(own.ru_maxrss, workers.ru_maxrss) / 1024, "statuses": dict(summary.statuses)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, nargs="+", default=[200, 1000])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[20, 64])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2],
+                    help="client processes (generate --workers); default 1 and 2")
     ap.add_argument("--latency", type=float, default=0.2, help="seconds the fake adds to every call")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: run one configuration
     ap.add_argument("--sources", help=argparse.SUPPRESS)
@@ -79,7 +85,7 @@ def main() -> None:
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        args.tasks, args.concurrency = args.tasks[0], args.concurrency[0]
+        args.tasks, args.concurrency, args.workers = args.tasks[0], args.concurrency[0], args.workers[0]
         print(json.dumps(run_one(args)))
         return
 
@@ -92,22 +98,22 @@ def main() -> None:
         print(f"fake Gemini (echo engine, {args.latency} s per call) at {base_url}; sources: "
               f"{'released samples' if SAMPLES.is_dir() else 'synthetic'} 1024x1024 JPEGs; "
               f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-        print(f"{'tasks':>6} {'conc':>5} {'calls':>6} {'wall s':>7} {'tasks/s':>8} {'bound s':>8} {'ratio':>6} "
-              f"{'cpu ms/call':>11} {'cpu cap':>8} {'peak RSS MB':>11}")
-        for concurrency in args.concurrency:
-            for tasks in args.tasks:
-                out = work / f"run-{tasks}-{concurrency}"
-                child = subprocess.run(
-                    [sys.executable, __file__, "--one", "--tasks", str(tasks), "--concurrency", str(concurrency),
-                     "--sources", str(sources), "--out", str(out), "--base-url", base_url],
-                    env={**os.environ, "GEMINI_API_KEY": os.environ.get("GEMINI_API_KEY", "bench-key")},
-                    capture_output=True, text=True, check=True)
-                r = json.loads(child.stdout.strip().splitlines()[-1])
-                bound, cpu_per_call = r["calls"] * args.latency / concurrency, r["client_cpu"] / r["calls"]
-                print(f"{tasks:>6} {concurrency:>5} {r['calls']:>6} {r['wall']:>7.1f} {tasks / r['wall']:>8.2f} "
-                      f"{bound:>8.1f} {bound / r['wall']:>6.2f} {1000 * cpu_per_call:>11.1f} "
-                      f"{args.latency / (concurrency * cpu_per_call):>8.2f} {r['peak_rss_mb']:>11.0f}", flush=True)
-                shutil.rmtree(out)
+        print(f"{'tasks':>6} {'conc':>5} {'procs':>5} {'calls':>6} {'wall s':>7} {'tasks/s':>8} {'bound s':>8} "
+              f"{'ratio':>6} {'cpu ms/call':>11} {'cpu cap':>8} {'peak RSS MB':>11} {'import s':>8}")
+        for concurrency, workers, tasks in itertools.product(args.concurrency, args.workers, args.tasks):
+            out = work / f"run-{tasks}-{concurrency}-{workers}"
+            child = subprocess.run(
+                [sys.executable, __file__, "--one", "--tasks", str(tasks), "--concurrency", str(concurrency),
+                 "--workers", str(workers), "--sources", str(sources), "--out", str(out), "--base-url", base_url],
+                env={**os.environ, "GEMINI_API_KEY": os.environ.get("GEMINI_API_KEY", "bench-key")},
+                capture_output=True, text=True, check=True)
+            r = json.loads(child.stdout.strip().splitlines()[-1])
+            bound, cpu_per_call = r["calls"] * args.latency / concurrency, r["client_cpu"] / r["calls"]
+            cap = min(workers, os.cpu_count() or 1) * args.latency / (concurrency * cpu_per_call)
+            print(f"{tasks:>6} {concurrency:>5} {workers:>5} {r['calls']:>6} {r['wall']:>7.1f} "
+                  f"{tasks / r['wall']:>8.2f} {bound:>8.1f} {bound / r['wall']:>6.2f} {1000 * cpu_per_call:>11.1f} "
+                  f"{cap:>8.2f} {r['peak_rss_mb']:>11.0f} {r['imports']:>8.1f}", flush=True)
+            shutil.rmtree(out)
     finally:
         fake.terminate()
         fake.wait()

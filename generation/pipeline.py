@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import backends, layout
@@ -83,12 +84,41 @@ def open_options(out: Path, roles: dict[str, str], *, base_url: str | None = Non
     return options
 
 
+@dataclass(frozen=True)
+class BackendSpec:
+    """How to make the three backends, in plain values (picklable: each worker process builds its own).
+
+    `gemini` and `open` are keywords of `gemini_options` and `open_options`; roles maps role -> backend name."""
+
+    backend: str
+    roles: dict[str, str]
+    gemini: dict = field(default_factory=dict)
+    open: dict = field(default_factory=dict)
+
+    def build(self, out: Path, share: int = 1):
+        """(writer, editor, judge); with share > 1 this is one of `share` processes, each allowed 1/share of
+        the client-side rate limits (--rpm, --tpm) so that together they keep to them."""
+        def part(options: dict) -> dict:
+            return {k: (v / share if k in ("rpm", "tpm") and v else v) for k, v in options.items()}
+        options = gemini_options(out, self.roles, **part(self.gemini))
+        options.update(open_options(out, self.roles, **part(self.open)))
+        return make_backends(self.backend, **self.roles, options=options)
+
+
 def generate(sources: Path, out: Path, *, selection: Selection | None = None, modality: str | None = None,
              backend: str = "simulator", roles: dict[str, str | None] | None = None,
              backend_options: dict[str, dict] | None = None, options: RunOptions | None = None,
-             limit: int | None = None, extra_config: dict | None = None, batch: dict | None = None) -> RunSummary:
-    """Run every selected task; `batch` (options of batch.run_batch, e.g. poll_interval) uses the Batch API."""
+             limit: int | None = None, extra_config: dict | None = None, batch: dict | None = None,
+             spec: BackendSpec | None = None) -> RunSummary:
+    """Run every selected task; `batch` (options of batch.run_batch, e.g. poll_interval) uses the Batch API.
+
+    Backends come from `spec`, or from `backend` / `roles` / `backend_options`; `options.workers` > 1 (which
+    needs a spec) spreads the tasks over that many processes."""
     selection = selection or Selection()
+    options = options or RunOptions()
+    if options.workers > 1 and (spec is None or batch is not None):
+        raise ValueError("workers > 1 needs a BackendSpec (each process builds its own backends) and no batch: "
+                         "the Batch API has nothing to share out")
     tasks = scan_sources(sources, selection, modality)
     if limit:
         tasks = tasks[:limit]
@@ -96,7 +126,10 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
         raise SourceLayoutError(f"no source images under {sources} match the selection "
                                 f"(modalities={sorted(selection.modalities) or 'all'}, "
                                 f"diseases={sorted(selection.diseases) or 'all'}, directions={list(selection.directions)})")
-    writer, editor, judge = make_backends(backend, **(roles or {}), options=backend_options)
+    if spec is not None:
+        writer, editor, judge = spec.build(out)
+    else:
+        writer, editor, judge = make_backends(backend, **(roles or {}), options=backend_options)
     described = describe_backends(writer, editor, judge)
     if {"gemini", "openai"} & {d["backend"] for d in described.values()}:  # both use generation/prompts
         from .gemini import prompt_versions
@@ -112,6 +145,10 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
         from .batch import run_batch
 
         return run_batch(tasks, out, writer, editor, judge, options, config, **batch)
+    if options.workers > 1:
+        from .workers import run_in_workers
+
+        return run_in_workers(tasks, out, spec, options, config)
     return run(tasks, out, writer, editor, judge, options, config)
 
 

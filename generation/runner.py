@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 
 from . import layout
 from .backends import Editor, InstructionWriter, Judge
-from .loop import acceptance_policy, refine_task
-from .records import ApiFailure, SourceImage, Task, TaskOutcome
+from .loop import Acceptance, OnRound, acceptance_policy, refine_task
+from .records import ApiFailure, Attempt, SourceImage, Task, TaskOutcome
 from .store import RunStore, atomic_write_json
 
 
@@ -29,6 +29,7 @@ class RunOptions:
     accept: str = "qualified"
     retry_failed: bool = False  # re-run tasks that ended api_failed (their kept rounds are resumed)
     shard: tuple[int, int] | None = None  # (i, N): this process takes the i-th of N deterministic parts
+    workers: int = 1  # processes sharing the calls (workers.py); 1 runs everything in this process
     materialize_every: float = 30.0
     quiet: bool = False
 
@@ -43,6 +44,8 @@ class RunSummary:
     failed_attempts: int = 0
     error_kinds: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    api_calls: int = 0  # network calls made now, retries included (answers from the request cache not counted)
+    cache_hits: int = 0
     dataset_dir: Path | None = None  # set when a dataset was built from the run (the demo)
     dataset: dict | None = None  # its medbanana-build.json
 
@@ -51,7 +54,8 @@ class RunSummary:
                 "success": self.statuses["success"], "failed": self.statuses["failed"],
                 "api_failed": self.statuses["api_failed"], "failed_attempts": self.failed_attempts,
                 "success_rounds": {str(k): v for k, v in sorted(self.success_rounds.items())},
-                "error_kinds": dict(self.error_kinds), "seconds": round(self.seconds, 2)}
+                "error_kinds": dict(self.error_kinds), "api_calls": self.api_calls, "cache_hits": self.cache_hits,
+                "seconds": round(self.seconds, 2)}
 
     def format(self) -> str:
         d = self.as_dict()
@@ -61,6 +65,8 @@ class RunSummary:
                  f"  failed attempts  {d['failed_attempts']} (kept as images and records)",
                  f"  errors           {d['api_failed']} {d['error_kinds'] or ''}".rstrip(),
                  f"  success by round {hist}", f"run directory: {self.run_dir}"]
+        if self.api_calls or self.cache_hits:
+            lines.insert(-1, f"  API calls        {self.api_calls} (answered from the request cache: {self.cache_hits})")
         for dataset, direction, path in layout.find_output_dirs(self.run_dir):
             lines.append(f"  {path.name}/ and {path.name}-failed/  ({direction}, {layout.ALL_CONVERSATIONS})")
         if self.dataset_dir is not None:
@@ -147,6 +153,29 @@ def close_run(store: RunStore, summary: RunSummary, started: float) -> RunSummar
     return summary
 
 
+async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[InstructionWriter, Editor, Judge],
+                       options: RunOptions, accept: Acceptance, history: list[Attempt], on_round: OnRound) -> TaskOutcome:
+    """One task from its journalled `history` to an outcome; whatever goes wrong becomes the outcome's record."""
+    try:
+        source = await asyncio.to_thread(sources.get, task.source_path)
+    except (OSError, ValueError) as exc:
+        return source_error(task, exc)
+    writer, editor, judge = backends
+    kept = list(history)
+
+    async def keep(task: Task, attempt: Attempt, image) -> None:
+        if (maybe := on_round(task, attempt, image)) is not None:
+            await maybe
+        kept.append(attempt)
+
+    try:
+        return await refine_task(task, source, writer, editor, judge, max_rounds=options.max_rounds, accept=accept,
+                                 seed=options.seed, history=history, on_round=keep)
+    except Exception as exc:  # a backend bug must not take the whole run down: it becomes a record
+        return TaskOutcome(task, "api_failed", kept, ApiFailure("unexpected", len(kept) + 1,
+                                                                f"{type(exc).__name__}: {exc}", "unexpected"))
+
+
 async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter, editor: Editor, judge: Judge,
                     options: RunOptions | None = None, config: dict | None = None) -> RunSummary:
     options = options or RunOptions()
@@ -159,24 +188,11 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         queue.put_nowait(task)
     bar = tqdm(total=len(todo), desc="tasks", unit="task", disable=options.quiet, dynamic_ncols=True)
 
-    async def one(task: Task) -> TaskOutcome:
-        try:
-            source = await asyncio.to_thread(sources.get, task.source_path)
-        except (OSError, ValueError) as exc:
-            return source_error(task, exc)
-        try:
-            return await refine_task(task, source, writer, editor, judge, max_rounds=options.max_rounds,
-                                     accept=accept, seed=options.seed, history=store.history(task),
-                                     on_round=store.write_attempt)
-        except Exception as exc:  # a backend bug must not take the whole run down: it becomes a record
-            kept = store.history(task)
-            return TaskOutcome(task, "api_failed", kept, ApiFailure("unexpected", len(kept) + 1,
-                                                                    f"{type(exc).__name__}: {exc}", "unexpected"))
-
     async def worker() -> None:
         while not queue.empty():
             task = queue.get_nowait()
-            outcome = await one(task)
+            outcome = await run_one_task(task, sources, (writer, editor, judge), options, accept,
+                                         store.history(task), store.write_attempt)
             store.finish_task(outcome)
             bar.update(1)
             store.maybe_materialize(options.materialize_every)
@@ -187,16 +203,29 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         bar.close()
         store.close()  # also when interrupted: the JSON files are materialised from what finished
         await close_clients(writer, editor, judge)
+        summary.api_calls, summary.cache_hits = call_counts(writer, editor, judge)
     return close_run(store, summary, started)
+
+
+def _clients(backends) -> list:
+    """Each distinct client behind the backends (a transport shared by several roles once)."""
+    seen = {}
+    for backend in backends:
+        client = getattr(backend, "transport", backend)
+        seen.setdefault(id(client), client)
+    return list(seen.values())
+
+
+def call_counts(*backends) -> tuple[int, int]:
+    """(network calls, request-cache hits) over the backends' distinct transports."""
+    clients = _clients(backends)
+    return (sum(getattr(c, "network_calls", 0) for c in clients), sum(getattr(c, "cache_hits", 0) for c in clients))
 
 
 async def close_clients(*backends) -> None:
     """Close each distinct client connection pool (a shared transport once) inside the run's event loop."""
-    seen = set()
-    for backend in backends:
-        client = getattr(backend, "transport", backend)
-        if id(client) not in seen and hasattr(client, "aclose"):
-            seen.add(id(client))
+    for client in _clients(backends):
+        if hasattr(client, "aclose"):
             await client.aclose()
 
 
