@@ -12,7 +12,7 @@ from collections import Counter
 from importlib import resources
 from string import Template
 
-from ..evaluation.stats import TOP_REASONS, RunSummary, card_section
+from ..evaluation.stats import RunSummary, card_section
 from ..generation.provenance import IPTC_DST_PREFIX
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from .stats import UNMARKED, BuildStats
@@ -137,9 +137,7 @@ def _disease_table(stats: BuildStats) -> str:
 
 def paper_section(stats: BuildStats, figure: str | None) -> str:
     """Table 1, Table 2 with the failure reasons, and Figure 3 when drawn: the markdown `medbanana stats` writes."""
-    # ties in a fixed order (most_common keeps insertion order among equals), whatever the partition order was
-    reasons = Counter(dict(stats.top_failure_reasons(TOP_REASONS)))
-    return card_section(RunSummary(stats, reasons), figure).rstrip("\n")
+    return card_section(RunSummary(stats), figure).rstrip("\n")
 
 
 _MARK_MEANINGS = {  # the IPTC definitions, and which medbanana editor writes each

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..builder import run_schema as schema
-from ..builder.runs import AttemptRecord, TaskRecord, as_bool, discover_units, read_tasks
+from ..builder.runs import AttemptRecord, TaskRecord, discover_units, read_tasks
 from ..builder.stats import BuildStats
 from ..generation.records import RUBRIC_WEIGHTS
 from .inputs import input_kind
-from .reasons import reason_phrases
 from .tables import Table
 
 EVAL_EXTRA = "pip install 'medbanana[eval]'"
@@ -38,15 +37,13 @@ DIMENSION_WEIGHTS = {"compliance": RUBRIC_WEIGHTS["has_disease"], **{k: RUBRIC_W
 
 @dataclass
 class RunSummary:
+    """What `medbanana stats` counts: `BuildStats` over every task, failure reasons included (read them once
+    every task is added: they are derived when first read)."""
+
     stats: BuildStats = field(default_factory=BuildStats)
-    failure_reasons: Counter = field(default_factory=Counter)  # normalised clause -> rejected attempts naming it
 
     def add(self, task: TaskRecord) -> None:
         self.stats.add_task(task, {}, None)
-        for attempt in task.attempts:
-            v = attempt.verdict
-            if v is not None and as_bool(v.qualified) is False:
-                self.failure_reasons.update(set(reason_phrases(v.reason or "")))
 
 
 def summarise(paths: Iterable[Path]) -> RunSummary:
@@ -144,7 +141,7 @@ def reasons_table(summary: RunSummary, top: int = TOP_REASONS) -> Table:
     rejected = judged - passes
     table = Table(["rank", "failure reason (normalised verdict clause)", "rejected attempts", "share of rejected"],
                   formats={"share of rejected": ".1%"})
-    for rank, (reason, n) in enumerate(summary.failure_reasons.most_common(top), start=1):
+    for rank, (reason, n) in enumerate(summary.stats.top_failure_reasons(top), start=1):
         table.rows.append([rank, reason, n, n / rejected if rejected else None])
     return table
 
@@ -217,9 +214,11 @@ def _outcome_bars(ax, labels: list[str], counts: list[Counter], *, vertical: boo
             bottom = [x + y for x, y in zip(bottom, values)]
     if labels:
         (ax.set_xticks if vertical else ax.set_yticks)(positions, labels, fontsize=8 if vertical else 7)
-        # room for the legend (zero-height segments pin autoscaling to the tallest bar)
-        (ax.set_ylim if vertical else ax.set_xlim)(0, 1.15 * max(bottom))
-        ax.legend(fontsize=8, loc="best")
+        if vertical:  # room above the bars for the legend (zero-height segments pin autoscaling to the tallest)
+            ax.set_ylim(0, 1.15 * max(bottom))
+            ax.legend(fontsize=8, loc="upper right")
+        else:  # beside the axes: any corner inside would cover the end of some disease's bar
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if not vertical:
         ax.invert_yaxis()
     _no_data(ax, not labels)
