@@ -28,6 +28,7 @@ import json
 import re
 import signal
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from functools import lru_cache
@@ -121,7 +122,8 @@ class FakeGemini:
             return sum(1 for c in self.calls if role in (None, c.role))
 
     def wait(self, seconds: float) -> None:
-        self._stopping.wait(seconds)
+        if seconds > 0:
+            self._stopping.wait(seconds)
 
     def role_of(self, request: dict) -> str:
         return _role(_get(request, "generationConfig", "generation_config") or {})
@@ -138,9 +140,19 @@ class FakeGemini:
     # ------------------------------------------------------------ generateContent
 
     def generate_content(self, model: str, request: dict, api_key: str, in_batch: str = "",
-                         **_) -> tuple[int, dict, dict]:
+                         arrived: float | None = None, **_) -> tuple[int, dict, dict]:
         """(HTTP status, JSON body, extra headers) for one generateContent request; `in_batch` names the batch
-        job answering it (then there is no latency, and a hang is a DEADLINE_EXCEEDED error)."""
+        job answering it (then there is no latency, and a hang is a DEADLINE_EXCEEDED error).
+
+        With a latency the answer leaves `latency` seconds after the request `arrived` (time.monotonic()), the
+        server's own work included, as a real service's latency includes its own."""
+        started = time.monotonic() if arrived is None else arrived
+        answer = self._generate_content(model, request, api_key, in_batch)
+        if self.latency and not in_batch:
+            self.wait(started + self.latency - time.monotonic())
+        return answer
+
+    def _generate_content(self, model: str, request: dict, api_key: str, in_batch: str) -> tuple[int, dict, dict]:
         config = _get(request, "generationConfig", "generation_config") or {}
         role = _role(config)
         fault_role, role = role, "scorer" if role == "judge" and _is_score_request(request) else role
@@ -150,8 +162,6 @@ class FakeGemini:
             self.calls.append(Call(role, model, in_batch or f"models/{model}:generateContent",
                                    fault.kind if fault else "", _count_images(request)))
             self.last_request = request  # only the last one: keeping every body would hold every image
-        if self.latency and not in_batch:
-            self.wait(self.latency)
         kind = fault.kind if fault else ""
         if kind == "hang":
             if in_batch:
@@ -274,6 +284,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("GET")
 
     def _dispatch(self, method: str) -> None:
+        arrived = time.monotonic()  # headers read; the latency runs from here
         fake = self.server.fake
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
@@ -291,7 +302,8 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     status, payload, headers = handler(**match.groupdict(), request=request,
                                                        api_key=self.headers.get("x-goog-api-key", ""),
-                                                       headers=self.headers, query=dict(parse_qsl(query)))
+                                                       headers=self.headers, query=dict(parse_qsl(query)),
+                                                       arrived=arrived)
                 except Exception as exc:  # a simulator bug: a 500 the client can report, and the trace here
                     traceback.print_exc()
                     return self._send(*_error(500, f"fake Gemini failed: {type(exc).__name__}: {exc}"))
@@ -436,7 +448,8 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every call")
+    parser.add_argument("--latency", type=float, default=0.0,
+                        help="seconds from a request's arrival to its answer, the server's own work included")
     parser.add_argument("--engine", choices=("simulator", "echo"), default="simulator",
                         help="simulator: real edits and verdicts; echo: no image work, for throughput benchmarks")
     parser.add_argument("--accept-rate", type=float, default=0.6, help="echo engine: share of edits accepted")
