@@ -122,3 +122,34 @@ def test_killing_the_parent_stops_its_workers_and_a_rerun_resumes(sources, tmp_p
         for record in json.loads((folder / layout.ALL_CONVERSATIONS).read_text()).values():
             assert [r["round"] for r in record["rounds"]] == list(range(1, len(record["rounds"]) + 1))
             assert all((out / r["image"]).is_file() for r in record["rounds"])
+
+
+def test_a_worker_that_dies_stops_the_run_with_a_clear_error_and_a_rerun_resumes(sources, tmp_path, monkeypatch):
+    import multiprocessing
+    import threading
+
+    from medbanana.generation.pipeline import generate
+    from medbanana.generation.runner import RunOptions
+
+    monkeypatch.setenv("GEMINI_API_KEY", KEY)
+    out = tmp_path / "run"
+    with FakeGemini(engine="echo", latency=0.05) as fake:
+        spec = BackendSpec("gemini", dict.fromkeys(("writer", "editor", "judge"), "gemini"),
+                           gemini={"base_url": fake.base_url, "timeout": 20, "max_attempts": 2})
+        options = RunOptions(concurrency=4, max_rounds=3, workers=2, quiet=True)
+
+        def kill_a_worker() -> None:
+            deadline = time.monotonic() + 60
+            while (not any(e["type"] == "task" for e in read_journal(out / layout.JOURNAL))
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+            multiprocessing.active_children()[0].kill()
+
+        killer = threading.Thread(target=kill_a_worker)
+        killer.start()
+        with pytest.raises(workers.WorkerCrashed, match="rerun the same command to resume"):
+            generate(sources, out, spec=spec, options=options)
+        killer.join()
+        summary = generate(sources, out, spec=spec, options=options)
+    assert summary.statuses["success"] + summary.statuses["failed"] == len(scan_sources(sources))
+    assert summary.skipped >= 1  # what finished before the crash was kept
