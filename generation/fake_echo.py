@@ -3,7 +3,8 @@
 The writer numbers its attempts, the editor returns the source bytes unchanged (a valid JPEG of the source's
 size), and the judge accepts when a hash of the original image and the instruction falls under `accept_rate`,
 so tasks take a realistic, deterministic number of rounds while the server spends only its HTTP, JSON and base64
-work per call (a few milliseconds for 1024^2 images). The simulator engine (the default) does real edits and measurements, at ~0.1-0.2 s of CPU each.
+work per call (a few milliseconds for 1024^2 images). The simulator engine (the default) does real edits and
+measurements, at ~0.1-0.2 s of CPU each.
 """
 
 from __future__ import annotations

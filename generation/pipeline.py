@@ -126,7 +126,7 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
         raise SourceLayoutError(f"no source images under {sources} match the selection "
                                 f"(modalities={sorted(selection.modalities) or 'all'}, "
                                 f"diseases={sorted(selection.diseases) or 'all'}, directions={list(selection.directions)})")
-    if spec is not None:
+    if spec is not None:  # built here with workers too: to record them, and to fail on bad options before any spawn
         writer, editor, judge = spec.build(out)
     else:
         writer, editor, judge = make_backends(backend, **(roles or {}), options=backend_options)

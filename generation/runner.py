@@ -66,7 +66,7 @@ class RunSummary:
                  f"  errors           {d['api_failed']} {d['error_kinds'] or ''}".rstrip(),
                  f"  success by round {hist}", f"run directory: {self.run_dir}"]
         if self.api_calls or self.cache_hits:
-            lines.insert(-1, f"  API calls        {self.api_calls} (answered from the request cache: {self.cache_hits})")
+            lines.insert(-1, f"  API calls        {self.api_calls} (from the request cache: {self.cache_hits})")
         for dataset, direction, path in layout.find_output_dirs(self.run_dir):
             lines.append(f"  {path.name}/ and {path.name}-failed/  ({direction}, {layout.ALL_CONVERSATIONS})")
         if self.dataset_dir is not None:
@@ -154,7 +154,8 @@ def close_run(store: RunStore, summary: RunSummary, started: float) -> RunSummar
 
 
 async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[InstructionWriter, Editor, Judge],
-                       options: RunOptions, accept: Acceptance, history: list[Attempt], on_round: OnRound) -> TaskOutcome:
+                       options: RunOptions, accept: Acceptance, history: list[Attempt],
+                       on_round: OnRound) -> TaskOutcome:
     """One task from its journalled `history` to an outcome; whatever goes wrong becomes the outcome's record."""
     try:
         source = await asyncio.to_thread(sources.get, task.source_path)
