@@ -1,12 +1,14 @@
-"""What the recipes share: data arguments, loading and converting a config, the model switch, a length preflight."""
+"""What the recipes share: their own arguments, loading and converting a config, loading a model by path or Hub id
+(`tiny-random` included), a length preflight."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
-TRAIN_HINT = "pip install 'medbanana[train]' (on a CPU-only machine first: pip install torch==2.13.0)"
+TRAIN_HINT = "pip install 'medbanana[train]'"
 
 
 def require_training_stack(*modules: str) -> None:
@@ -19,7 +21,11 @@ def require_training_stack(*modules: str) -> None:
 
 
 @dataclass
-class DataArguments:
+class ScriptArguments:
+    """The recipe's own options, beside the trainer's and the model's: which rows, and how images are sized.
+
+    `--trust_remote_code` (off by default) is TRL's own option of DPOConfig / SFTConfig, read from there."""
+
     dataset_name: str = field(metadata={"help": "A folder written by `medbanana build`, or a Hub dataset repo id."})
     dataset_config: str = field(default="dpo_pairs", metadata={"help": "The config to train on."})
     dataset_train_split: str = field(default="train", metadata={"help": "The split to train on."})
@@ -32,11 +38,14 @@ class DataArguments:
                 "of image tokens (a 1024x1024 image is ~1,300 tokens for Qwen2.5-VL)."})
 
 
-def load_examples(args: DataArguments, converter: Callable, *, drop_missing: Iterable[str] = (), **kwargs):
-    """The training rows of `args.dataset_config`, sources attached when asked, converted by `converter`.
+def load_examples(args: ScriptArguments, converter: Callable, *, drop_missing: Mapping[str, str] | None = None,
+                  **kwargs):
+    """(examples, left_out): the training rows of `args.dataset_config`, sources attached when asked, converted by
+    `converter`; `left_out` counts the rows dropped, by reason.
 
-    Rows with a null in a column of `drop_missing` (an attempt the editor refused, a missing image file) are left
-    out and counted; a missing *source* image is an error, since the user must attach the sources.
+    Rows with a null in a column of `drop_missing` (column -> why it can be null: an attempt the editor refused, a
+    missing image file) are left out, counted and reported; a missing *source* image is an error, since the user
+    must attach the sources.
     """
     from medbanana.loaders import attach_sources, convert, load_medbanana
 
@@ -44,40 +53,57 @@ def load_examples(args: DataArguments, converter: Callable, *, drop_missing: Ite
                         decode_images=False)
     if args.source_images:
         ds = attach_sources(ds, args.source_images)
-    for column in drop_missing:
+    left_out = {}
+    for column, why in (drop_missing or {}).items():
         before = len(ds)
         ds = ds.filter(lambda value: value is not None, input_columns=[column])
         if len(ds) < before:
-            print(f"left out {before - len(ds)} of {before} rows without {column}")
+            left_out[f"no {column}: {why}"] = before - len(ds)
+            print(f"left out {before - len(ds)} of {before} rows without {column} ({why})")
     if args.max_samples is not None:
         ds = ds.select(range(min(args.max_samples, len(ds))))
     if len(ds) == 0:
         raise ValueError(f"no rows to train on in {args.dataset_name} ({args.dataset_config}, "
                          f"{args.dataset_train_split})")
-    return convert(ds, converter, max_side=args.max_image_side, **kwargs)
+    return convert(ds, converter, max_side=args.max_image_side, **kwargs), left_out
 
 
-def is_tiny(model_name_or_path: str | None) -> bool:
+def model_location(name_or_path: str, output_dir: str | Path, save_tiny: Callable[[Path], None]) -> str:
+    """What to load with `from_pretrained`: a local folder or a Hub id as given.
+
+    `tiny-random` (no download) is built by `save_tiny(folder)`, written with `save_pretrained` to
+    OUTPUT_DIR/tiny-random-base and then loaded from there, exactly as a downloaded model is. A name that is
+    written as a path (`./x`, `/x`, `~/x`, `a/b/c`) must be an existing folder.
+    """
+    from medbanana.loaders.hub import written_as_path
+
     from .tiny import TINY_MODEL_ID
 
-    return model_name_or_path == TINY_MODEL_ID
+    if name_or_path == TINY_MODEL_ID:
+        folder = Path(output_dir) / "tiny-random-base"
+        save_tiny(folder)
+        print(f"{TINY_MODEL_ID}: a tiny randomly initialised model, saved to {folder} and loaded from there")
+        return str(folder)
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return str(local)
+    if written_as_path(name_or_path) or local.exists():
+        raise FileNotFoundError(f"no model folder at {name_or_path} ({local.resolve()}): give a folder written "
+                                "by save_pretrained, or a Hub model id such as Qwen/Qwen2.5-VL-3B-Instruct")
+    return name_or_path
 
 
-def load_vlm(model_args, texts: Callable[[], Iterable[str]]):
-    """(model, processor) for an image-text-to-text model id; `tiny-random` builds a tiny one from `texts()`."""
-    if is_tiny(model_args.model_name_or_path):
-        from .tiny import tiny_vlm
-
-        return tiny_vlm(texts())
+def load_vlm(location: str, model_args, *, trust_remote_code: bool = False):
+    """(model, processor) of an image-text-to-text model: `AutoModelForImageTextToText` and the `AutoProcessor`
+    saved beside it, from a folder or a Hub id; TRL's ModelConfig gives revision, dtype and attention."""
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    where = {"revision": model_args.model_revision, "trust_remote_code": trust_remote_code}
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    processor = AutoProcessor.from_pretrained(location, **where)
     model = AutoModelForImageTextToText.from_pretrained(
-        model_args.model_name_or_path, revision=model_args.model_revision, dtype=dtype,
-        attn_implementation=model_args.attn_implementation, trust_remote_code=model_args.trust_remote_code)
-    processor = AutoProcessor.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
-                                              trust_remote_code=model_args.trust_remote_code)
+        location, dtype=dtype, attn_implementation=model_args.attn_implementation, **where)
     return model, processor
 
 
@@ -102,3 +128,27 @@ def check_sequence_lengths(dataset, collator, max_length: int | None, text_colum
                          "truncation would cut image tokens or the answer; raise --max_length to at least "
                          f"{longest}, or lower --max_image_side")
     return longest
+
+
+def without_spurious_warnings(parser):
+    """The parser, set up so that a run with ordinary options prints no FutureWarning the user cannot act on.
+
+    TRL's configs set the deprecated `gradient_checkpointing` (True) by default, so transformers warns on every run:
+    leave it unset instead, so activation checkpointing is off unless `--activation_checkpointing true` is given
+    (the old name still works, and still warns). TRL itself reads transformers' deprecated
+    `is_gradient_checkpointing` property while training: that warning is silenced.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    parser.set_defaults(gradient_checkpointing=None)
+    return parser
+
+
+def report_saved(trainer, what: str) -> None:
+    """Say where the trained model went and how to load it."""
+    out = trainer.args.output_dir
+    adapter = (Path(out) / "adapter_config.json").is_file()
+    kind = "LoRA adapter (loads on top of its base model)" if adapter else "model"
+    print(f"saved the trained {what} ({kind}, processor beside it) to {out}: "
+          f"AutoModelForImageTextToText.from_pretrained({out!r}), AutoProcessor.from_pretrained({out!r})")

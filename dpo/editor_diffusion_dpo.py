@@ -7,20 +7,22 @@ denoising error of the chosen (w) or rejected (l) edit, conditioned like Instruc
 (concatenated channels) and the edit prompt. Data: `dpo_pairs`, converted by `to_diffusion_dpo`; pairs whose
 rejected instruction made the editor refuse (no rejected image) are left out. No flips: left and right matter.
 
-On a GPU:
+The model is a StableDiffusionInstructPix2PixPipeline (a folder written by `save_pretrained` or a Hub id),
+loaded whole with `from_pretrained`; training adds noise as DDPM does, from the pipeline's scheduler config. The
+result, in --output_dir, is the same pipeline with the trained UNet. On a GPU:
 
     accelerate launch -m medbanana.dpo.editor_diffusion_dpo \
         --dataset_name ./medbanana-50k --model_name_or_path timbrooks/instruct-pix2pix --resolution 512 \
         --train_batch_size 4 --gradient_accumulation_steps 16 --learning_rate 1e-6 --beta_dpo 2500 \
         --max_train_steps 2000 --checkpointing_steps 500 --mixed_precision bf16 --gradient_checkpointing true \
         --output_dir editor-diffusion-dpo
-    # then: StableDiffusionInstructPix2PixPipeline.from_pretrained("timbrooks/instruct-pix2pix",
-    #           unet=UNet2DConditionModel.from_pretrained("editor-diffusion-dpo/unet"))
+    # then: StableDiffusionInstructPix2PixPipeline.from_pretrained("editor-diffusion-dpo")
 
 Resume with --resume_from_checkpoint latest (or a checkpoint-N folder); --source_images DIR attaches the sources
-of released data; options can come from a YAML file with --config. On a CPU with tiny random models, as the tests:
+of released data; options can come from a YAML file with --config. On a CPU, on the offline demo's dataset with a
+tiny random pipeline (`tiny-random`: written to OUTPUT_DIR/tiny-random-base, then loaded from there):
 
-    python -m medbanana.dpo.editor_diffusion_dpo --dataset_name ./demo-dataset --model_name_or_path tiny-random \
+    python -m medbanana.dpo.editor_diffusion_dpo --dataset_name demo-run/dataset --model_name_or_path tiny-random \
         --resolution 64 --train_batch_size 2 --max_train_steps 2 --use_cpu true --output_dir /tmp/editor-dpo
 """
 
@@ -30,15 +32,24 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from medbanana.dpo.common import DataArguments, is_tiny, load_examples, require_training_stack
+from medbanana.dpo.common import ScriptArguments, load_examples, model_location, require_training_stack
 from medbanana.loaders.trl import to_diffusion_dpo
+
+# pairs that cannot be trained on, and why their column is null
+UNUSABLE = {"rejected_image": "the editor refused the rejected instruction and made no image",
+            "chosen_image": "the accepted edit's image file was missing when the dataset was built"}
 
 
 @dataclass
-class DiffusionDPOArguments(DataArguments):
+class DiffusionDPOArguments(ScriptArguments):
     max_image_side: int | None = field(default=None, metadata={"help": "Unused here: images go to --resolution."})
-    model_name_or_path: str = "timbrooks/instruct-pix2pix"
+    model_name_or_path: str = field(default="timbrooks/instruct-pix2pix", metadata={
+        "help": "A StableDiffusionInstructPix2PixPipeline: a folder written by save_pretrained, a Hub id, or "
+                "tiny-random (a tiny random one, no download)."})
     revision: str | None = None
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "Let the model's repository run its own Python code while loading (custom pipeline components). "
+                "Off: only the classes of diffusers and transformers themselves are used."})
     prompt: str = field(default="task", metadata={
         "help": "Condition both edits on the task sentence ('task') or on the accepted instruction ('chosen')."})
     output_dir: str = "editor-diffusion-dpo"
@@ -61,21 +72,36 @@ class DiffusionDPOArguments(DataArguments):
     use_cpu: bool = False
 
 
+def load_editor(location: str, args: DiffusionDPOArguments, **components):
+    """The StableDiffusionInstructPix2PixPipeline at `location` (float32, no safety checker), checked to be one."""
+    import torch
+
+    from medbanana.generation.diffusers_editor import load_pipeline
+
+    pipeline = load_pipeline(location, torch.float32, revision=args.revision,
+                             trust_remote_code=args.trust_remote_code, **components)
+    in_channels = getattr(getattr(pipeline, "unet", None), "config", {}).get("in_channels")
+    if type(pipeline).__name__ != "StableDiffusionInstructPix2PixPipeline" or in_channels != 8:
+        raise ValueError(f"{args.model_name_or_path} is a {type(pipeline).__name__} whose UNet takes {in_channels} "
+                         "input channels: this recipe trains a StableDiffusionInstructPix2PixPipeline (8 channels: "
+                         "noisy latents and source latents), e.g. timbrooks/instruct-pix2pix")
+    return pipeline
+
+
 def load_components(args: DiffusionDPOArguments, prompts) -> dict:
-    """tokenizer, text_encoder, vae, unet, scheduler of an InstructPix2Pix checkpoint (or tiny random ones)."""
-    if is_tiny(args.model_name_or_path):
-        from medbanana.dpo.tiny import tiny_instruct_pix2pix
+    """tokenizer, text_encoder, vae, unet and a DDPM noise scheduler of the pipeline (tiny-random built and saved
+    first), and `location`, where it was loaded from."""
+    from diffusers import DDPMScheduler
 
-        return tiny_instruct_pix2pix(prompts, resolution=args.resolution, seed=args.seed)
-    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
-    from transformers import AutoTokenizer, CLIPTextModel
+    from medbanana.dpo.tiny import tiny_instruct_pix2pix
 
-    where = {"pretrained_model_name_or_path": args.model_name_or_path, "revision": args.revision}
-    return {"tokenizer": AutoTokenizer.from_pretrained(**where, subfolder="tokenizer"),
-            "text_encoder": CLIPTextModel.from_pretrained(**where, subfolder="text_encoder"),
-            "vae": AutoencoderKL.from_pretrained(**where, subfolder="vae"),
-            "unet": UNet2DConditionModel.from_pretrained(**where, subfolder="unet"),
-            "scheduler": DDPMScheduler.from_pretrained(**where, subfolder="scheduler")}
+    location = model_location(args.model_name_or_path, args.output_dir, lambda folder: tiny_instruct_pix2pix(
+        prompts, resolution=args.resolution, seed=args.seed).save_pretrained(folder))
+    pipeline = load_editor(location, args)
+    # training adds noise as in DDPM whatever sampler the pipeline uses for inference (diffusers' scripts do too)
+    return {"tokenizer": pipeline.tokenizer, "text_encoder": pipeline.text_encoder, "vae": pipeline.vae,
+            "unet": pipeline.unet, "scheduler": DDPMScheduler.from_config(pipeline.scheduler.config),
+            "location": location}
 
 
 def prepare(args: DiffusionDPOArguments) -> dict:
@@ -87,8 +113,7 @@ def prepare(args: DiffusionDPOArguments) -> dict:
     accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=args.use_cpu,
                               mixed_precision=args.mixed_precision, project_dir=args.output_dir)
     set_seed(args.seed)
-    pairs = load_examples(args, to_diffusion_dpo, drop_missing=("rejected_image", "chosen_image"),
-                          prompt=args.prompt)
+    pairs, left_out = load_examples(args, to_diffusion_dpo, drop_missing=UNUSABLE, prompt=args.prompt)
     parts = load_components(args, pairs.select_columns(["edit_prompt"])["edit_prompt"])
     weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
     unet = parts["unet"]
@@ -105,7 +130,7 @@ def prepare(args: DiffusionDPOArguments) -> dict:
     optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate, weight_decay=args.adam_weight_decay)
     unet, optimizer, loader = accelerator.prepare(unet, optimizer, loader)
     return {**parts, "unet": unet, "reference": reference, "optimizer": optimizer, "loader": loader,
-            "accelerator": accelerator, "weight_dtype": weight_dtype}
+            "accelerator": accelerator, "weight_dtype": weight_dtype, "pairs": len(pairs), "left_out": left_out}
 
 
 def dpo_loss(parts: dict, batch: dict, beta: float):
@@ -143,9 +168,13 @@ def dpo_loss(parts: dict, batch: dict, beta: float):
 
 def train(args: DiffusionDPOArguments, parts: dict) -> list[dict]:
     """Run to `max_train_steps` optimisation steps; returns the metrics of every step."""
+    from tqdm.auto import tqdm
+
     accelerator, unet, optimizer, loader = parts["accelerator"], parts["unet"], parts["optimizer"], parts["loader"]
     step, skip = _resume(args, accelerator, len(loader))
     history = []
+    progress = tqdm(total=args.max_train_steps, initial=step, desc="Diffusion-DPO steps",
+                    disable=not accelerator.is_local_main_process)
     while step < args.max_train_steps:  # epochs
         batches = accelerator.skip_first_batches(loader, skip) if skip else loader
         skip = 0
@@ -161,12 +190,15 @@ def train(args: DiffusionDPOArguments, parts: dict) -> list[dict]:
                 continue
             step += 1
             history.append({"step": step, **metrics})
-            if step % args.logging_steps == 0 or step == args.max_train_steps:
-                accelerator.print(history[-1])
+            progress.update(1)
+            progress.set_postfix(loss=f"{metrics['loss']:.4f}", accuracy=f"{metrics['implicit_accuracy']:.2f}")
+            if (step % args.logging_steps == 0 or step == args.max_train_steps) and not progress.disable:
+                progress.write(str(history[-1]))
             if step % args.checkpointing_steps == 0:
                 accelerator.save_state(str(Path(args.output_dir) / f"checkpoint-{step}"))
             if step >= args.max_train_steps:
                 break
+    progress.close()
     return history
 
 
@@ -210,8 +242,20 @@ def main(args: DiffusionDPOArguments) -> list[dict]:
     accelerator = parts["accelerator"]
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        accelerator.unwrap_model(parts["unet"]).save_pretrained(Path(args.output_dir) / "unet")
+        save(args, parts)
     return history
+
+
+def save(args: DiffusionDPOArguments, parts: dict) -> None:
+    """The base pipeline with the trained UNet, written to --output_dir (the UNet alone in its unet/ folder);
+    the frozen parts are reloaded as they were, not in the training precision."""
+    unet = parts["accelerator"].unwrap_model(parts["unet"])
+    load_editor(parts["location"], args, unet=unet).save_pretrained(args.output_dir)
+    skipped = "; ".join(f"{n} with {why}" for why, n in parts["left_out"].items()) or "none"
+    print(f"trained on {parts['pairs']} pairs (left out: {skipped})\n"
+          f"saved the trained editor to {args.output_dir}: "
+          f"StableDiffusionInstructPix2PixPipeline.from_pretrained({args.output_dir!r}); "
+          f"the UNet alone: UNet2DConditionModel.from_pretrained({str(Path(args.output_dir) / 'unet')!r})")
 
 
 def make_parser():

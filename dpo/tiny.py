@@ -1,14 +1,16 @@
 """Tiny randomly initialised models built from configs, so that every recipe runs on a CPU with no download.
 
-The recipes switch to these only for the model id `tiny-random` (`TINY_MODEL_ID`). The tokenizer is a word-level
-vocabulary learnt from the training texts themselves, so no word of the prompts maps to an unknown token. The
-shapes are the real ones (a Llava-style image-text-to-text model with a CLIP vision tower; an InstructPix2Pix
-UNet with 8 input channels, a VAE, a CLIP text encoder and a DDPM scheduler), only very small.
+For the model id `tiny-random` (`TINY_MODEL_ID`) a recipe writes one of these to a folder with `save_pretrained`
+and loads it from there, as it loads any downloaded model. The tokenizer is a word-level vocabulary learnt from the
+training texts themselves, so no word of the prompts maps to an unknown token. The shapes are the real ones (a
+Llava-style image-text-to-text model with a CLIP vision tower; an InstructPix2Pix pipeline: UNet with 8 input
+channels, VAE, CLIP text encoder, DDPM scheduler), only very small.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -62,14 +64,21 @@ def tiny_vlm(corpus: Iterable[str], *, image_size: int = 32, patch_size: int = 8
                          vision_feature_select_strategy="default",
                          image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config)
-    model.config._name_or_path = TINY_MODEL_ID
-    return model, processor
+    return LlavaForConditionalGeneration(config), processor
 
 
-def tiny_instruct_pix2pix(corpus: Iterable[str], *, resolution: int = 64, seed: int = 0) -> dict:
-    """The parts of an InstructPix2Pix pipeline: tokenizer, text_encoder, vae, unet (8 input channels), scheduler."""
-    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+def save_tiny_vlm(folder: Path, corpus: Iterable[str], **options) -> None:
+    """`tiny_vlm` written to `folder` (model and processor), as a downloaded checkpoint is laid out."""
+    model, processor = tiny_vlm(corpus, **options)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+
+
+def tiny_instruct_pix2pix(corpus: Iterable[str], *, resolution: int = 64, seed: int = 0):
+    """A StableDiffusionInstructPix2PixPipeline: tokenizer, text_encoder, vae, unet (8 input channels), scheduler;
+    no safety checker."""
+    from diffusers import (AutoencoderKL, DDPMScheduler, StableDiffusionInstructPix2PixPipeline,
+                           UNet2DConditionModel)
     from transformers import CLIPTextConfig, CLIPTextModel
 
     tokenizer = tiny_tokenizer(corpus, model_max_length=32)
@@ -87,7 +96,9 @@ def tiny_instruct_pix2pix(corpus: Iterable[str], *, resolution: int = 64, seed: 
         cross_attention_dim=32, attention_head_dim=4, norm_num_groups=8)
     scheduler = DDPMScheduler(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085,
                               beta_end=0.012, prediction_type="epsilon")
-    return {"tokenizer": tokenizer, "text_encoder": text_encoder, "vae": vae, "unet": unet, "scheduler": scheduler}
+    return StableDiffusionInstructPix2PixPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, unet=unet, scheduler=scheduler, safety_checker=None,
+        feature_extractor=None, requires_safety_checker=False)
 
 
 def dataset_texts(ds, columns: Iterable[str]) -> Iterator[str]:

@@ -60,15 +60,18 @@ def resolve_dtype(dtype: str, device: str):
     return getattr(torch, dtype)
 
 
-def load_pipeline(model: str, dtype):
+def load_pipeline(model: str, dtype, *, revision: str | None = None, trust_remote_code: bool = False,
+                  **components):
     """DiffusionPipeline.from_pretrained from a local folder, or a hub id (from the cache when HF_HUB_OFFLINE is
-    set); FileNotFoundError naming the id and the offline setting when it is not there."""
+    set); FileNotFoundError naming the id and the offline setting when it is not there. `components` replace the
+    pipeline's own (e.g. `unet=` a trained UNet)."""
     _, diffusers = _import_torch_diffusers()
     local = Path(model).expanduser()
     offline = hub_offline()
     # diffusers renamed torch_dtype to dtype (the old name is deprecated); the pipeline module tells which it reads
     dtype_key = "dtype" if hasattr(diffusers.pipelines.pipeline_utils, "_resolve_dtype") else "torch_dtype"
-    options = {"safety_checker": None, dtype_key: dtype}
+    options = {"safety_checker": None, dtype_key: dtype, "revision": revision,
+               "trust_remote_code": trust_remote_code, **components}
     if local.is_dir():  # a folder's own errors (a broken model_index.json, ...) are reported as they are
         return diffusers.DiffusionPipeline.from_pretrained(str(local), local_files_only=True, **options)
     try:

@@ -25,7 +25,14 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
     if local.is_dir():
         _check_built_folder(local)
         path_or_repo = str(local)
-    ds = datasets.load_dataset(str(path_or_repo), config, split=split, streaming=streaming, **load_kwargs)
+    elif written_as_path(str(path_or_repo)) or local.exists():
+        raise FileNotFoundError(f"no dataset folder at {path_or_repo} ({local.resolve()}): give the folder written "
+                                "by `medbanana build`, or a Hub dataset repo id")
+    try:
+        ds = datasets.load_dataset(str(path_or_repo), config, split=split, streaming=streaming, **load_kwargs)
+    except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as exc:
+        raise FileNotFoundError(f"{path_or_repo!r} is not a folder in {Path.cwd()}, and it could not be loaded as a "
+                                f"Hub dataset repo id either ({exc})") from exc
     _check_columns(ds, config, path_or_repo)
     if not decode_images:
         for column in image_columns(config):
@@ -59,6 +66,11 @@ def to_pandas(ds):
         raise TypeError(f"to_pandas takes a datasets Dataset, IterableDataset or DatasetDict, not {type(ds).__name__}")
     kept = [name for name in ds.column_names if name not in images]
     return ds.select_columns(kept).to_pandas()
+
+
+def written_as_path(name: str) -> bool:
+    """`./x`, `/x`, `~/x` or `a/b/c` can only mean a folder (a Hub repo id is NAME or ORG/NAME)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
 def _check_built_folder(folder: Path) -> None:

@@ -81,3 +81,55 @@ def builder_json_counts(run_dir: Path) -> dict:
 @pytest.fixture(scope="session")
 def builder_counts():
     return builder_json_counts
+
+
+# --- recipe fixtures: the offline demo, built, and tiny checkpoint folders -----------------------------------
+
+@pytest.fixture(scope="session")
+def demo_run_root(tmp_path_factory) -> Path:
+    """A folder holding `demo-run/` as `medbanana demo --out demo-run` leaves it (small: 1 normal and 1 diseased
+    source per class at 256 px), `demo-run/dataset` built with its sources."""
+    from medbanana.generation.pipeline import run_demo
+    from medbanana.loaders import load_medbanana
+
+    root = tmp_path_factory.mktemp("recipes")
+    run_demo(root / "demo-run", n_normal=1, n_diseased=1, size=256, quiet=True)
+    pairs = load_medbanana(root / "demo-run" / "dataset", "dpo_pairs")
+    assert pairs.num_rows >= 2, "the demo gave fewer than two preference pairs: nothing to train two steps on"
+    return root
+
+
+@pytest.fixture(scope="session")
+def demo_dataset(demo_run_root) -> Path:
+    return demo_run_root / "demo-run" / "dataset"
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory, demo_dataset):
+    """checkpoint(family) -> a folder written by save_pretrained: "llava" (what `tiny-random` writes), "qwen2_5_vl",
+    "instruct_pix2pix" or "stable_diffusion" (the last two as laid out on the Hub; tests/checkpoints.py)."""
+    import datasets
+    from checkpoints import save_instruct_pix2pix, save_qwen2_5_vl
+
+    from medbanana.dpo.tiny import save_tiny_vlm
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    prompts = Path(__file__).resolve().parents[1] / "generation" / "prompts"
+    corpus = [path.read_text() for path in sorted(prompts.glob("*.txt"))]
+    for config in ("dpo_pairs", "judge"):  # the dataset's own texts, read as plain columns
+        table = datasets.load_dataset(str(demo_dataset), config, split="train")
+        corpus += [value for name in ("prompt", "chosen_instruction", "rejected_instruction", "instruction", "reason")
+                   if name in table.column_names for value in table[name] if value]
+    builders = {"llava": lambda folder: save_tiny_vlm(folder, corpus),
+                "qwen2_5_vl": lambda folder: save_qwen2_5_vl(folder, corpus),
+                "instruct_pix2pix": save_instruct_pix2pix,
+                "stable_diffusion": lambda folder: save_instruct_pix2pix(folder, in_channels=4)}
+    made = {}
+
+    def folder_of(family: str) -> Path:
+        if family not in made:
+            made[family] = root / family
+            builders[family](made[family])
+        return made[family]
+
+    return folder_of

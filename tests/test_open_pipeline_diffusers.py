@@ -20,13 +20,9 @@ INSTRUCTIONS = ["Add a small left pleural effusion with a meniscus at the costop
 
 @pytest.fixture(scope="module")
 def tiny_pipeline():
-    from diffusers import StableDiffusionInstructPix2PixPipeline
-
     from medbanana.dpo.tiny import tiny_instruct_pix2pix
 
-    parts = tiny_instruct_pix2pix(INSTRUCTIONS, resolution=64)
-    return StableDiffusionInstructPix2PixPipeline(**parts, safety_checker=None, feature_extractor=None,
-                                                  requires_safety_checker=False)
+    return tiny_instruct_pix2pix(INSTRUCTIONS, resolution=64)
 
 
 @pytest.fixture(scope="module")

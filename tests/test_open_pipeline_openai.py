@@ -178,8 +178,6 @@ def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake,
     """The full open pipeline from the command line: a tiny diffusers pipeline saved to a folder edits, the fake
     server writes and judges."""
     pytest.importorskip("diffusers")
-    from diffusers import StableDiffusionInstructPix2PixPipeline
-
     from medbanana.cli import main
     from medbanana.dpo.tiny import tiny_instruct_pix2pix
     from medbanana.generation import layout
@@ -187,9 +185,8 @@ def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake,
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a local server needs no key
     fake.reset()
-    parts = tiny_instruct_pix2pix(["add a pneumothorax", "remove the pneumothorax"], resolution=64)
-    StableDiffusionInstructPix2PixPipeline(**parts, safety_checker=None, feature_extractor=None,
-                                           requires_safety_checker=False).save_pretrained(tmp_path / "tiny-ip2p")
+    tiny_instruct_pix2pix(["add a pneumothorax", "remove the pneumothorax"], resolution=64).save_pretrained(
+        tmp_path / "tiny-ip2p")
     run_dir = tmp_path / "run"
     code = main(["generate", "--sources", str(tiny_sources), "--out", str(run_dir), "--diseases", "Pneumothorax",
                  "--writer", "openai", "--judge", "openai", "--editor", "diffusers",
