@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,3 +153,14 @@ def report_saved(trainer, what: str) -> None:
     kind = "LoRA adapter (loads on top of its base model)" if adapter else "model"
     print(f"saved the trained {what} ({kind}, processor beside it) to {out}: "
           f"AutoModelForImageTextToText.from_pretrained({out!r}), AutoProcessor.from_pretrained({out!r})")
+
+
+@contextmanager
+def setup_errors():
+    """A setup that fails for a reason the user can fix (a folder or model id that is not there, a refused option,
+    a model that will not load) ends the command with the message alone; errors while training keep their
+    traceback."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}") from None

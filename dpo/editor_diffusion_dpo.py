@@ -32,7 +32,8 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from medbanana.dpo.common import ScriptArguments, load_examples, model_location, require_training_stack
+from medbanana.dpo.common import (ScriptArguments, load_examples, model_location, require_training_stack,
+                                  setup_errors)
 from medbanana.loaders.trl import to_diffusion_dpo
 
 # pairs that cannot be trained on, and why their column is null
@@ -237,7 +238,8 @@ def _batch_transform(args, tokenizer):
 
 
 def main(args: DiffusionDPOArguments) -> list[dict]:
-    parts = prepare(args)
+    with setup_errors():
+        parts = prepare(args)
     history = train(args, parts)
     accelerator = parts["accelerator"]
     accelerator.wait_for_everyone()

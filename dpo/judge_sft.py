@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, load_examples, load_vlm, model_location,
-                                  report_saved, require_training_stack, without_spurious_warnings)
+                                  report_saved, require_training_stack, setup_errors,
+                                  without_spurious_warnings)
 from medbanana.loaders.trl import to_judge_sft
 
 TEXT_COLUMNS = ("prompt", "completion")
@@ -70,7 +71,8 @@ def build_trainer(script_args: JudgeScriptArguments, training_args, model_args):
 
 
 def main(script_args, training_args, model_args):
-    trainer = build_trainer(script_args, training_args, model_args)
+    with setup_errors():
+        trainer = build_trainer(script_args, training_args, model_args)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     report_saved(trainer, "judge")

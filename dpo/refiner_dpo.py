@@ -32,7 +32,8 @@ import copy
 from dataclasses import dataclass
 
 from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, load_examples, load_vlm, model_location,
-                                  report_saved, require_training_stack, without_spurious_warnings)
+                                  report_saved, require_training_stack, setup_errors,
+                                  without_spurious_warnings)
 from medbanana.loaders.trl import to_refiner_dpo
 
 TEXT_COLUMNS = ("prompt", "chosen", "rejected")
@@ -65,7 +66,8 @@ def build_trainer(script_args: RefinerScriptArguments, training_args, model_args
 
 
 def main(script_args, training_args, model_args):
-    trainer = build_trainer(script_args, training_args, model_args)
+    with setup_errors():
+        trainer = build_trainer(script_args, training_args, model_args)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     report_saved(trainer, "instruction writer / refiner")

@@ -124,7 +124,8 @@ def test_a_dataset_that_is_not_there_is_named_as_missing(demo_run_root):
         done = subprocess.run([sys.executable, "-m", "medbanana.dpo.refiner_dpo", "--dataset_name", name,
                                "--model_name_or_path", "tiny-random", "--output_dir", "out", "--use_cpu"],
                               cwd=demo_run_root, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
+        assert done.returncode != 0 and f"error: {says}" in done.stderr, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
     assert not (demo_run_root / "out").exists()
 
 
