@@ -12,6 +12,14 @@ from pathlib import Path
 TRAIN_HINT = "pip install 'medbanana[train]'"
 
 
+def help_text(doc: str) -> dict:
+    """ArgumentParser options that put the recipe's docstring (what it trains, the commands to run) above --help's
+    option list, line breaks kept."""
+    import argparse
+
+    return {"description": doc, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def require_training_stack(*modules: str) -> None:
     """Import the training dependencies now, with the pip hint when one is missing."""
     for name in modules:

@@ -32,7 +32,7 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from medbanana.dpo.common import (ScriptArguments, load_examples, model_location, require_training_stack,
+from medbanana.dpo.common import (ScriptArguments, help_text, load_examples, model_location, require_training_stack,
                                   setup_errors)
 from medbanana.loaders.trl import to_diffusion_dpo
 
@@ -264,7 +264,7 @@ def make_parser():
     require_training_stack("torch", "diffusers", "accelerate", "trl")
     from trl import TrlParser
 
-    return TrlParser((DiffusionDPOArguments,))
+    return TrlParser((DiffusionDPOArguments,), **help_text(__doc__))
 
 
 if __name__ == "__main__":

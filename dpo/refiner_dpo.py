@@ -31,8 +31,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, load_examples, load_vlm, model_location,
-                                  report_saved, require_training_stack, setup_errors,
+from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, help_text, load_examples, load_vlm,
+                                  model_location, report_saved, require_training_stack, setup_errors,
                                   without_spurious_warnings)
 from medbanana.loaders.trl import to_refiner_dpo
 
@@ -78,7 +78,7 @@ def make_parser():
     require_training_stack("torch", "transformers", "trl")
     from trl import DPOConfig, ModelConfig, TrlParser
 
-    return without_spurious_warnings(TrlParser((RefinerScriptArguments, DPOConfig, ModelConfig)))
+    return without_spurious_warnings(TrlParser((RefinerScriptArguments, DPOConfig, ModelConfig), **help_text(__doc__)))
 
 
 if __name__ == "__main__":
