@@ -82,3 +82,33 @@ def find_output_dirs(run_dir: Path) -> list[tuple[str, str, Path]]:
         if path.is_dir() and m:
             found.append((m["dataset"], "add" if m["dir"] == "edit" else "remove", path))
     return found
+
+
+class UnsafePath(ValueError):
+    """A path named by data (run JSON, a journal, a manifest, a source listing) that leads outside its root, or
+    through a symlink that loops or dangles."""
+
+
+def inside(root: Path, relative: str | Path, *, named_by: str = "") -> Path:
+    """`root / relative` with symlinks resolved, required to stay inside `root` (resolved too): the one
+    containment rule for every path that comes from data. A symlink that stays inside the root is followed.
+
+    Raises UnsafePath naming the path, who named it (`named_by`, e.g. the JSON file and entry) and why: an absolute
+    path, `..` leaving the root, a symlink pointing outside it, a symlink loop.
+    """
+    root = Path(root)
+    where = f" (named by {named_by})" if named_by else ""
+    text = str(relative)
+    if not text or "\x00" in text:
+        raise UnsafePath(f"{text!r}{where}: not a usable path")
+    if Path(text).is_absolute():
+        raise UnsafePath(f"{text}{where}: an absolute path; only paths relative to {root} are read")
+    try:
+        real_root = root.resolve(strict=False)
+        target = (root / text).resolve(strict=False)
+    except (RuntimeError, OSError) as exc:  # Python 3.11 raises RuntimeError on a symlink loop
+        raise UnsafePath(f"{text}{where}: cannot be resolved inside {root} ({exc})") from None
+    if target != real_root and real_root not in target.parents:
+        link = " through a symlink" if ".." not in Path(text).parts else ""
+        raise UnsafePath(f"{text}{where}: leads outside {root}{link} (to {target})")
+    return target
