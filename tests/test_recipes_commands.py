@@ -134,3 +134,26 @@ def test_a_model_folder_that_is_not_there_is_named_as_missing(tmp_path):
         model_location("./missing-model", tmp_path, lambda folder: None)
     assert model_location("Qwen/Qwen2.5-VL-3B-Instruct", tmp_path, lambda folder: None) == \
         "Qwen/Qwen2.5-VL-3B-Instruct"  # a Hub id goes to from_pretrained as it is
+
+
+@pytest.mark.parametrize("given,expected", [([], False), (["--trust_remote_code"], True)])
+def test_trust_remote_code_is_off_unless_asked_and_reaches_both_loaders(given, expected, checkpoint, demo_dataset,
+                                                                        tmp_path, monkeypatch):
+    import transformers
+
+    seen = []
+    for name in ("AutoModelForImageTextToText", "AutoProcessor"):
+        cls = getattr(transformers, name)
+        original = cls.from_pretrained.__func__
+
+        def spy(klass, *args, _original=original, _name=name, **kwargs):
+            seen.append((_name, kwargs.get("trust_remote_code")))
+            return _original(klass, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
+    parsed = judge_sft.make_parser().parse_args_and_config(
+        ["--dataset_name", str(demo_dataset), "--model_name_or_path", str(checkpoint("llava")), "--output_dir",
+         str(tmp_path / "out"), "--use_cpu", "--bf16", "false", "--max_samples", "2", *given])
+    assert parsed[1].trust_remote_code is expected
+    judge_sft.build_trainer(*parsed)
+    assert sorted(seen) == [("AutoModelForImageTextToText", expected), ("AutoProcessor", expected)]
