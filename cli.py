@@ -42,9 +42,16 @@ def cmd_demo(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    import warnings
+
+    from PIL import Image
+
     from .generation.pipeline import BackendSpec, default_backend, generate, run_config
     from .generation.runner import RunOptions
     from .generation.sources import Selection
+
+    # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
     sources, out = args.sources, args.out
     if args.retry_failed:
@@ -75,7 +82,7 @@ def cmd_generate(args) -> int:
         return 2
     options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
                          accept=args.accept, retry_failed=bool(args.retry_failed), shard=args.shard,
-                         workers=args.workers, quiet=args.quiet)
+                         workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels)
     summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, spec=spec,
                        options=options, limit=args.limit,
                        batch={"poll_interval": args.poll_interval} if args.batch else None)
@@ -103,6 +110,8 @@ def cmd_taxonomy(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .generation.records import DEFAULT_MAX_PIXELS  # the default of `prepare --max-pixels` too
+
     parser = argparse.ArgumentParser(
         prog="medbanana", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Build, package and train on instruction-based medical image editing data (Med-Banana-50K "
@@ -201,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "when the client's CPU is the limit: many calls in flight to a fast endpoint; each worker "
                         "costs ~1 s to start. The run directory is written by this process alone")
     p.add_argument("--limit", type=int, help="only the first N tasks (for a quick try)")
+    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
+                   help="a source with more pixels than this (width x height, read from its header before "
+                        "decoding) ends its tasks as source errors (default %(default)s, as `prepare --max-pixels`; "
+                        "Pillow itself refuses more than twice its default)")
     _add_run_options(p)
     p.set_defaults(func=cmd_generate)
 
@@ -239,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         # user errors (unknown disease, bad layout, another run's folder): one clear line, non-zero exit
-        print(f"medbanana {args.command}: error: {exc}", file=sys.stderr)
+        from .generation.secrets import scrub  # a message may quote an endpoint's answer
+
+        print(f"medbanana {args.command}: error: {scrub(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: finished tasks are kept; run the same command again to resume", file=sys.stderr)

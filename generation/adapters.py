@@ -31,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import layout
 from .taxonomy import Taxonomy, load_taxonomy
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dcm", ".dicom"}
@@ -88,13 +89,21 @@ def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "", str(text).lower())
 
 
-def inside(root: Path, path: Path) -> bool:
-    """True when `path` (after resolving links) lies inside `root`."""
+def link_problem(root: Path, path: Path, where: str = "the dataset root") -> str | None:
+    """Why the file `path` found under `root` must not be read, or None: layout.inside's containment rule, with a
+    looping or dangling symlink told apart from one leading outside (each needs another fix)."""
+    if path.is_symlink():
+        try:
+            path.resolve(strict=True)
+        except FileNotFoundError:
+            return "dangling symlink (target missing)"
+        except (RuntimeError, OSError):  # a loop: RuntimeError in Python 3.11, OSError (ELOOP) later
+            return "symlink loop"
     try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except (ValueError, OSError):
-        return False
+        layout.inside(root, path.relative_to(root))
+    except ValueError:  # layout.UnsafePath, or `path` not under `root` at all
+        return f"{'link points' if path.is_symlink() or '..' not in path.parts else 'path leads'} outside {where}"
+    return None
 
 
 def dataset_name(name: str, modality: str, tax: Taxonomy) -> str:
@@ -195,9 +204,13 @@ def mimic_cxr(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSo
         folder = root / "files" / f"p{subject[:2]}" / f"p{subject}" / f"s{study}"
         found = None
         for _, dicom, view in sorted(frontal[study]):
-            found = next(((p, view) for p in (folder / f"{dicom}.jpg", folder / f"{dicom}.dcm") if p.is_file()), None)
+            found = next(((p, view) for p in (folder / f"{dicom}.jpg", folder / f"{dicom}.dcm")
+                          if p.is_file() or p.is_symlink()), None)  # a broken link is reported, not "missing"
             if found:
                 break
+        if found is not None and (problem := link_problem(root, found[0])):
+            src.problems.append(Problem(found[0].relative_to(root).as_posix(), problem))
+            continue
         if found is None:
             counts["missing_on_disk"] += 1
             if counts["missing_on_disk"] <= 20:
@@ -262,8 +275,8 @@ def _add_folder_files(src: DatasetSource, folder: Path, label: str, extra: dict)
         rel = path.relative_to(src.root).as_posix()
         if path.name.startswith("."):
             continue  # .DS_Store and friends
-        if not inside(src.root, path):
-            src.problems.append(Problem(rel, "link points outside the dataset root"))
+        if problem := link_problem(src.root, path):
+            src.problems.append(Problem(rel, problem))
         elif path.is_dir():
             src.problems.append(Problem(rel, "subfolder inside a class folder ignored"))
         elif path.suffix.lower() not in IMAGE_SUFFIXES:
@@ -293,7 +306,11 @@ def folders(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSour
     for folder in datasets:
         modality = opts.modality or tax.infer_modality(folder.name) or _modality_from_classes(folder, tax)
         src = DatasetSource(dataset_name(opts.name or folder.name, modality, tax), modality, "folders", folder)
-        for sub in sorted(d for d in folder.iterdir() if d.is_dir()):
+        for sub in sorted(folder.iterdir()):
+            if not sub.is_dir():  # a looping or dangling class folder link is reported, other files ignored
+                if sub.is_symlink() and (problem := link_problem(folder, sub)):
+                    src.problems.append(Problem(sub.name, problem))
+                continue
             label = class_of(sub.name, modality)
             if label is None:
                 found = tax.find(sub.name, modality)
@@ -370,11 +387,11 @@ def odir(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSource]
                                             if not paths else f"{len(paths)} files have this name; pass --images"))
                 continue
             path = paths[0]
-            if not inside(image_root, path):
-                src.problems.append(Problem(name, "link points outside the image folder"))
+            if problem := link_problem(image_root, path, "the image folder"):
+                src.problems.append(Problem(name, problem))
                 continue
-            src.candidates.append(Candidate(path, path.relative_to(root).as_posix() if inside(root, path) else
-                                            path.name, label, Path(name).stem, eye, tuple(words), patient))
+            src.candidates.append(Candidate(path, path.relative_to(root).as_posix() if not link_problem(root, path)
+                                            else path.name, label, Path(name).stem, eye, tuple(words), patient))
     src.counts = dict(counts)
     return [src]
 
@@ -402,7 +419,7 @@ def _odir_image_folder(root: Path) -> Path:
 def _image_index(folder: Path) -> dict[str, list[Path]]:
     index: dict[str, list[Path]] = {}
     for path in sorted(folder.rglob("*")):
-        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+        if path.suffix.lower() in IMAGE_SUFFIXES and (path.is_file() or path.is_symlink()):  # broken: reported
             index.setdefault(path.name, []).append(path)
     return index
 

@@ -10,6 +10,7 @@ import abc
 import importlib
 
 from .records import EditedImage, Instruction, SourceImage, Task, Verdict, Attempt
+from .secrets import scrub
 
 
 class BackendError(Exception):
@@ -23,7 +24,7 @@ class EditRefused(BackendError):
     """
 
     def __init__(self, kind: str, message: str):
-        super().__init__(f"{kind}: {message}")
+        super().__init__(scrub(f"{kind}: {message}"))  # messages quote answers, which may echo the key
         self.kind = kind
 
 
@@ -31,7 +32,7 @@ class APIError(BackendError):
     """A transport or service failure that survived the backend's retries; the task becomes api_failed."""
 
     def __init__(self, kind: str, message: str):
-        super().__init__(f"{kind}: {message}")
+        super().__init__(scrub(f"{kind}: {message}"))  # error bodies may echo the request's headers
         self.kind = kind
 
 

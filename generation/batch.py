@@ -242,7 +242,8 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
         for task in todo:
             if task.source_path not in sources:
                 try:
-                    sources[task.source_path] = await asyncio.to_thread(read_source, task.source_path)
+                    sources[task.source_path] = await asyncio.to_thread(read_source, task.source_path,
+                                                                           options.max_pixels)
                 except (OSError, ValueError) as exc:
                     sources[task.source_path] = exc
             source, attempts = sources[task.source_path], store.history(task)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from .backends import APIError, Editor, EditRefused, InstructionWriter, Judge
 from .records import (Attempt, EditedImage, EditScores, Instruction, SourceImage, Task, Usage, Verdict,
                       decode_rgb, encode_jpeg, rubric_score)
+from .secrets import scrub
 from .taxonomy import load_taxonomy
 from .transport import GeminiTransport, Request
 
@@ -205,7 +206,9 @@ def read_answer(response: types.GenerateContentResponse) -> Answer:
     thoughts = [p.text for p in parts if p.text and p.thought]
     images = [p.inline_data for p in parts if p.inline_data and p.inline_data.data and not p.thought
               and (p.inline_data.mime_type or "").startswith("image/")]
-    return Answer("".join(texts).strip(), "\n".join(thoughts).strip(), images, str(finish or ""), block, usage)
+    # scrubbed here too, for answers replayed from caches written before the transport scrubbed them
+    return Answer(scrub("".join(texts).strip()), scrub("\n".join(thoughts).strip()), images, str(finish or ""), block,
+                  usage)
 
 
 def _add_usage(total: Usage, more: Usage) -> Usage:

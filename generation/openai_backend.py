@@ -7,8 +7,9 @@ parser (JSON in prose or fences, <think> blocks stripped) for the rest of the ru
 
 Calls reuse the Gemini transport's retry machinery (transport.RetryPolicy, shared_limiter, parse_retry_after):
 bounded retries with back-off and jitter on 408/429/5xx, timeouts and connection errors; Retry-After honoured.
-The key comes from OPENAI_API_KEY (local servers usually need none); it is never stored or printed. With a
-cache_dir, completed answers are kept by a hash of the request, so a resumed run never asks twice.
+The key comes from OPENAI_API_KEY (local servers usually need none); it is never stored or printed: answers are
+scrubbed (secrets.py) as they arrive, before they are read or cached. With a cache_dir, completed answers are kept
+by a hash of the request, so a resumed run never asks twice.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .backends import APIError, InstructionWriter, Judge
 from .gemini import (JudgeAnswer, clean_instruction, judge_prompt, load_prompt, parse_verdict, reask_note, unusable,
                      verdict_from_answer, writer_prompt)
 from .records import Attempt, EditedImage, Instruction, SourceImage, Task, Usage, Verdict
+from .secrets import hold, scrub, scrub_model
 from .transport import (CallFailure, RetryPolicy, call_with_retries, classify, failure_for_status,
                         parse_retry_after, shared_limiter)
 
@@ -66,6 +68,7 @@ class OpenAITransport:
                  jitter_seed: int | None = None):
         openai = _import_openai()
         self._secret = (api_key or os.environ.get(API_KEY_VARIABLE) or NO_KEY).strip()
+        hold(self._secret if self._secret != NO_KEY else None)  # an `api_key=` option too must be scrubbed
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         self._client = openai.AsyncOpenAI(api_key=self._secret, base_url=self.base_url, timeout=timeout + 5,
                                           max_retries=0)
@@ -80,7 +83,7 @@ class OpenAITransport:
         self.cache_hits = 0
 
     def redact(self, text: str) -> str:
-        return text.replace(self._secret, "[redacted]") if self._secret != NO_KEY else text
+        return scrub(text)
 
     def cache_key(self, model: str, request: dict) -> str:
         """sha256 of the request (the key is not part of it, so it never reaches a file name)."""
@@ -103,10 +106,11 @@ class OpenAITransport:
             try:
                 completion = self._completion_type.model_validate_json(self._cache_path(key).read_text())
                 self.cache_hits += 1
-                return completion
+                return scrub_model(completion)  # a file written before answers were scrubbed
             except ValueError:  # a torn or foreign file: asked again and replaced
                 pass
-        completion = await self._call(model, request)
+        # an endpoint may echo the request's headers, the key with them: scrubbed before it is read or cached
+        completion = scrub_model(await self._call(model, request))
         if key:
             path = self._cache_path(key)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -250,8 +250,9 @@ SIZE x SIZE RGB JPEG q95 (aspect kept by padding with black unless --aspect stre
 input. No metadata leaves with the pixels: EXIF, XMP, ICC, JPEG comments and DICOM headers are dropped (burned-in
 text in the pixels is not detected: out of scope). OUT/prepare_manifest.jsonl lists every image (source id,
 dataset, modality, labels, view, original path, content hash, size); OUT/prepare_report.json has one entry per
-file skipped (unreadable, truncated, CMYK, too small or large, duplicate content, unsafe path), converted (16-bit,
-alpha, EXIF orientation, DICOM window) or renamed (spaces, non-ASCII). Rerunning on the same OUT skips what is done.
+file skipped (unreadable, truncated, CMYK, too small or large, duplicate content, unsafe path, symlink loop,
+dangling symlink), converted (16-bit, alpha, EXIF orientation, DICOM window) or renamed (spaces, non-ASCII).
+Rerunning on the same OUT skips what is done.
 
 Kinds:
   mimic-cxr        ROOT holds files/ and mimic-cxr-2.0.0-{chexpert,metadata}.csv(.gz). Frontal (PA/AP) images,
@@ -299,8 +300,9 @@ def register(subparsers) -> None:
     g.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95)")
     g.add_argument("--min-side", type=int, default=64, help="skip images whose shorter side is smaller (default 64)")
     g.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
-                   help=f"skip images with more pixels than this (decompression limit, default {DEFAULT_MAX_PIXELS}; "
-                        "Pillow itself refuses more than twice its default)")
+                   help=f"skip images with more pixels than this, read from the header before decoding (default "
+                        f"{DEFAULT_MAX_PIXELS}, as `generate --max-pixels`; Pillow itself refuses more than twice "
+                        "its default)")
     g.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="decode/encode threads")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_prepare)

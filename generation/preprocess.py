@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .records import DEFAULT_MAX_PIXELS  # one default for `prepare` and `generate --max-pixels`
+
 ASPECTS = ("pad", "stretch")
-DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
 
 
 class BadImage(ValueError):

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .secrets import scrub
+
+# Pillow's own warning threshold: the default of `prepare --max-pixels` and `generate --max-pixels`
+DEFAULT_MAX_PIXELS = 89_478_485
 RUBRIC_WEIGHTS = {"has_disease": 0.40, "structure_reasonable": 0.25, "looks_realistic": 0.20,
                   "fidelity_preserved": 0.15}
 VERDICT_BOOLEANS = ("has_disease", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
@@ -54,9 +58,10 @@ class Task:
 class SourceImage:
     """A source image: the bytes as they are on disk (sent as-is to APIs) and a lazily decoded RGB array."""
 
-    def __init__(self, path: Path, data: bytes | None = None):
+    def __init__(self, path: Path, data: bytes | None = None, max_pixels: int | None = None):
         self.path = Path(path)
         self.data = data if data is not None else self.path.read_bytes()
+        self.max_pixels = max_pixels  # None: only Pillow's own guard
 
     @cached_property
     def mime_type(self) -> str:
@@ -64,27 +69,47 @@ class SourceImage:
 
     @cached_property
     def array(self) -> np.ndarray:
-        return decode_rgb(self.data)
+        return decode_rgb(self.data, self.max_pixels)
 
     @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
 
-def decode_rgb(data: bytes) -> np.ndarray:
-    """Decode image bytes to an RGB uint8 array; raises ValueError with the reason for unreadable input."""
+def open_image(data: bytes, max_pixels: int | None = None):
+    """The image opened lazily (Pillow reads only its header), refused with ValueError when its width x height is
+    over `max_pixels`: a small file can claim a huge image, and decoding one costs its full size in memory."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        image = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        # Pillow's own guard, from the header too (the warning is raised only when warnings are errors)
+        limit = f" > {max_pixels} (--max-pixels)" if max_pixels else ""
+        raise ValueError(f"over the pixel limit{limit}: {exc}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise ValueError(f"not a readable image: {exc}") from exc
+    w, h = image.size
+    if max_pixels is not None and w * h > max_pixels:
+        image.close()
+        raise ValueError(f"over the pixel limit: {w}x{h} = {w * h} pixels > {max_pixels} (--max-pixels); "
+                         "not decoded")
+    return image
+
+
+def decode_rgb(data: bytes, max_pixels: int | None = None) -> np.ndarray:
+    """Decode image bytes to an RGB uint8 array; raises ValueError with the reason for unreadable input, or for
+    more pixels than `max_pixels` (checked on the header, before decoding)."""
+    with open_image(data, max_pixels) as im:
+        try:
             im.load()
             if im.mode == "I;16" or im.mode == "I":
                 arr = np.asarray(im, dtype=np.float64)
                 arr = (arr - arr.min()) / max(arr.max() - arr.min(), 1) * 255
                 return np.stack([arr.astype(np.uint8)] * 3, axis=-1)
             return np.asarray(im.convert("RGB"))
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise ValueError(f"not a readable image: {exc}") from exc
+        except (OSError, SyntaxError) as exc:
+            raise ValueError(f"not a readable image: {exc}") from exc
 
 
 def encode_jpeg(array: np.ndarray, quality: int = 95) -> bytes:
@@ -226,6 +251,10 @@ class ApiFailure:
     round: int
     error: str
     kind: str = "api_error"
+
+    def __post_init__(self):
+        # the one place every failure message passes, also an unexpected exception's, which may quote an answer
+        self.error = scrub(self.error)
 
 
 @dataclass

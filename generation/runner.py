@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import json
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
 from tqdm.auto import tqdm
 
 from . import layout
 from .backends import Editor, InstructionWriter, Judge
 from .loop import Acceptance, OnRound, acceptance_policy, refine_task
-from .records import ApiFailure, Attempt, SourceImage, Task, TaskOutcome
+from .records import DEFAULT_MAX_PIXELS, ApiFailure, Attempt, SourceImage, Task, TaskOutcome, open_image
 from .store import RunStore, atomic_write_json
 
 
@@ -30,6 +28,7 @@ class RunOptions:
     retry_failed: bool = False  # re-run tasks that ended api_failed (their kept rounds are resumed)
     shard: tuple[int, int] | None = None  # (i, N): this process takes the i-th of N deterministic parts
     workers: int = 1  # processes sharing the calls (workers.py); 1 runs everything in this process
+    max_pixels: int = DEFAULT_MAX_PIXELS  # larger sources are source errors, refused from their header
     materialize_every: float = 30.0
     quiet: bool = False
 
@@ -85,33 +84,34 @@ def in_shard(task: Task, shard: tuple[int, int] | None) -> bool:
     return int(hashlib.sha256(task.uid.encode()).hexdigest()[:8], 16) % count == index
 
 
-def read_source(path: Path) -> SourceImage:
-    """A source image, checked now: an unreadable file must fail here, to be recorded as a source error.
+def read_source(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> SourceImage:
+    """A source image, checked now: an unreadable file, or one over `max_pixels` (from its header, before any
+    decoding), must fail here, to be recorded as a source error.
 
     The check decodes JPEGs at 1/8 scale (every byte is still read, so a truncated file fails; 2-3x cheaper than
     a full decode). Pixels are decoded in full only if a backend asks for `source.array`; Gemini never does.
     """
-    source = SourceImage(path)
-    try:
-        with Image.open(io.BytesIO(source.data)) as image:
+    source = SourceImage(path, max_pixels=max_pixels)
+    with open_image(source.data, max_pixels) as image:
+        try:
             image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
             image.load()
-    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"not a readable image: {exc}") from exc
+        except (OSError, SyntaxError) as exc:
+            raise ValueError(f"not a readable image: {exc}") from exc
     return source
 
 
 class _SourceCache:
     """Add tasks cross one source with every disease; keep a few checked sources instead of re-reading them."""
 
-    def __init__(self, size: int = 32):
-        self.size, self.items = size, OrderedDict()
+    def __init__(self, max_pixels: int = DEFAULT_MAX_PIXELS, size: int = 32):
+        self.max_pixels, self.size, self.items = max_pixels, size, OrderedDict()
 
     def get(self, path: Path) -> SourceImage:
         if path in self.items:
             self.items.move_to_end(path)
             return self.items[path]
-        source = read_source(path)
+        source = read_source(path, self.max_pixels)
         self.items[path] = source
         if len(self.items) > self.size:
             self.items.popitem(last=False)
@@ -183,7 +183,7 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
     accept = acceptance_policy(options.accept)
     started = time.perf_counter()
     store, summary, todo = open_run(tasks, run_dir, options, config)
-    sources = _SourceCache()
+    sources = _SourceCache(options.max_pixels)
     queue: asyncio.Queue[Task] = asyncio.Queue()
     for task in todo:
         queue.put_nowait(task)

@@ -3,8 +3,9 @@
 One `GeminiTransport.generate()` call is one logical request: it is answered from the cache when an identical
 request already completed, otherwise sent through the google-genai async client with a per-model rate limit, a
 per-call timeout, and bounded retries (exponential back-off with jitter, Retry-After honoured) on 408/429/5xx,
-timeouts and transport errors. What cannot be retried raises `backends.APIError` with a kind; the API key never
-appears in a message or in anything written.
+timeouts and transport errors. What cannot be retried raises `backends.APIError` with a kind. The API key never
+appears in a message or in anything written: answers are scrubbed (secrets.py) before they are parsed for use or
+cached, so an endpoint that echoes the request's headers leaves no key behind.
 
 The Batch API (used by `batch.py`) goes through the same client: `create_batch` sends requests inline or, over
 the inline limit, as an uploaded JSONL file; `get_batch` polls; `batch_results` reads what a finished job returned.
@@ -31,6 +32,7 @@ from google.genai import types
 
 from .backends import APIError
 from .limits import RateLimiter, RetryPolicy, TokenLimiter, shared_limiter, shared_token_limiter  # noqa: F401
+from .secrets import hold, holds_secret, scrub, scrub_model
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 # Exception modules of the HTTP stacks google-genai may use; their errors are network trouble, worth a retry.
@@ -80,7 +82,8 @@ class RequestCache:
         self._path(key).unlink(missing_ok=True)
 
     def put(self, key: str, response: types.GenerateContentResponse) -> None:
-        self.put_json(key, response.model_dump_json(exclude_none=True, exclude={"sdk_http_response"}))
+        body = response.model_dump_json(exclude_none=True, exclude={"sdk_http_response"})
+        self.put_json(key, scrub_response(response, body)[1])
 
     def put_json(self, key: str, body: str) -> None:
         """Store a response's JSON text as the API sent it (no re-serialisation: a plain file write)."""
@@ -89,6 +92,17 @@ class RequestCache:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(body)}.tmp")
         tmp.write_text(body, encoding="utf-8")
         os.replace(tmp, path)
+
+
+def scrub_response(response: types.GenerateContentResponse, body: str) -> tuple[types.GenerateContentResponse, str]:
+    """The answer and its JSON body without secrets (an endpoint may echo the request's headers into any field).
+    Bodies are large and nearly always clean: a substring search and the text parts' scrub decide; a dirty answer
+    is scrubbed field by field and re-serialised (image bytes are not text, and are left alone)."""
+    texts = [p.text for c in response.candidates or [] if c.content for p in c.content.parts or [] if p.text]
+    if not holds_secret(body) and all(scrub(text) is text for text in texts):
+        return response, body
+    clean = scrub_model(response, exclude_none=True, exclude={"sdk_http_response"})
+    return clean, clean.model_dump_json(exclude_none=True, exclude={"sdk_http_response"})
 
 
 def _content_for_key(content: types.Content) -> dict:
@@ -266,6 +280,7 @@ class GeminiTransport:
                  cache_dir: str | Path | None = None, rpm: float | None = None, tpm: float | None = None,
                  sleep=asyncio.sleep, jitter_seed: int | None = None):
         self._secret = resolve_api_key(api_key)
+        hold(self._secret)  # an `api_key=` option is not in the environment: scrub must know it all the same
         # The client's own timeout is a backstop; the per-call timeout below bounds the whole call.
         http_options = types.HttpOptions(timeout=int((timeout + 5) * 1000))
         if base_url:
@@ -285,7 +300,7 @@ class GeminiTransport:
         self.cache_hits = 0
 
     def redact(self, text: str) -> str:
-        return text.replace(self._secret, "[redacted]")
+        return scrub(text, (self._secret,))
 
     def error(self, failure: CallFailure, what: str) -> APIError:
         return APIError(failure.kind, f"{what}: {self.redact(failure.message)[:600]}")
@@ -318,7 +333,8 @@ class GeminiTransport:
 
     async def _answer(self, model: str, contents: list[types.Content],
                       config: types.GenerateContentConfig) -> tuple[types.GenerateContentResponse, str]:
-        """One generateContent call: the parsed answer and its body (a body that does not parse is retried).
+        """One generateContent call: the parsed answer and its body, both scrubbed (a body that does not parse is
+        retried).
 
         With `self.direct` the REST body is ours (`rest_request`, as for batch files) and goes through the SDK's
         own async HTTP client (its auth header, base URL, API version, timeouts and error types): the SDK's
@@ -337,7 +353,8 @@ class GeminiTransport:
             config = config.model_copy(update={"should_return_http_response": True})  # its body, unconverted
             answer = await self._client.aio.models.generate_content(model=model, contents=contents, config=config)
             body = (answer.sdk_http_response.body if answer.sdk_http_response else None) or ""
-        return types.GenerateContentResponse.model_validate_json(body), body
+        body = scrub(body) if holds_secret(body) else body  # first: a parse error quotes the body, cut short
+        return scrub_response(types.GenerateContentResponse.model_validate_json(body), body)
 
     def forget(self, model: str, contents: list[types.Content], config: types.GenerateContentConfig) -> None:
         """Drop a completed request's answer from the cache (it proved unusable), so it is asked again."""

@@ -56,7 +56,7 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
                  results: Connection) -> None:
     backends = spec.build(out, share=share)
     accept = acceptance_policy(options.accept)
-    sources = _SourceCache()
+    sources = _SourceCache(options.max_pixels)
     inbox: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
 

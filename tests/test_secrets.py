@@ -1,0 +1,308 @@
+"""No secret is written to disk or printed, even by an endpoint that echoes the request's headers.
+
+A local echo server answers every call with the request's headers (the key with them) in its text, thoughts,
+verdict reason, refusal text, an unknown JSON field and an HTTP 401 error body. A real `medbanana generate` runs
+against it with a unique fake key (Gemini, then the OpenAI-compatible backend), the run is built into a dataset,
+and every file under the run (request cache included), every file of the dataset (raw bytes and the decoded parquet)
+and everything printed is searched for the key. `medbanana upload` is run against a Hub stub that echoes the
+Authorization header in 401/403/500 bodies, and against a closed port.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import socket
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import write_jpeg
+from medbanana.builder.build import build
+from medbanana.cli import main
+from medbanana.generation import layout, secrets
+from medbanana.generation.secrets import MARK, scrub
+
+
+# ---------------------------------------------------------------- the scrubber itself
+
+def test_scrub_removes_held_values_and_header_forms(monkeypatch):
+    key = f"AIza-unit-{uuid.uuid4().hex}"
+    monkeypatch.setenv("GEMINI_API_KEY", key)
+    secrets.hold(option := f"opt-{uuid.uuid4().hex}")  # handed over as an option, in no variable
+    text = (f"key {key} and {option}; Authorization: Bearer other-token-1; {{'x-goog-api-key': 'other-2'}} "
+            f"GET /v1?alt=sse&key=other-3 hf_{'A' * 34} sk-{'b' * 40}")
+    clean = scrub(text)
+    for secret in (key, option, "other-token-1", "other-2", "other-3", "hf_AAAA", "sk-bbbb"):
+        assert secret not in clean
+    assert clean.count(MARK) == 7 and "Authorization: " in clean and "alt=sse" in clean
+    assert scrub(clean) == clean  # idempotent: scrubbing twice changes nothing
+
+
+def test_scrub_keeps_json_valid_images_untouched_and_clean_text_identical(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "abc")  # too short to be a key: ordinary words must survive
+    answer = json.dumps({"reason": "echo: " + json.dumps({"Authorization": "Bearer tok-123", "n": "abc"})})
+    assert json.loads(scrub(answer))["reason"] == 'echo: {"Authorization": "[redacted]", "n": "abc"}'
+    # base64 of image bytes may hold any token shape by chance; it is a run the token patterns stay off
+    image = base64.b64encode(b"\xff\xd8" * 10).decode() + "AIza" + "x" * 35 + "hf_" + "y" * 30
+    assert scrub(image) is image
+    text = "Add a small pneumothorax at the right apex."
+    assert scrub(text) is text
+
+
+# ---------------------------------------------------------------- the echo server
+
+class Echo(BaseHTTPRequestHandler):
+    """Gemini generateContent and OpenAI chat completions, each answer quoting the request's headers.
+
+    Calls are counted per role (runs use --concurrency 1, so the order is fixed): the writer's k-th instruction says
+    `variant k % 3`, which the Gemini editor reads back: 0 refuses (SAFETY, text quoting the headers), 1 answers
+    text only (EditRefused text_only quotes it), 2 returns the source image. The judge's n-th verdict qualifies
+    when n % 3 == 1; the writer's `fail_writer`-th call is an HTTP 401 whose body quotes the headers."""
+
+    def do_POST(self):
+        state = self.server.state
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        headers = self.headers  # the credentials first: refusal messages quote only the start of an answer
+        echo = (f"x-goog-api-key: {headers['x-goog-api-key']} Authorization: {headers['Authorization']} request "
+                f"headers: {dict(headers)} raw: {str(headers)!r} path: {self.path}")
+        openai = self.path.endswith("/chat/completions")
+        role = _openai_role(body) if openai else _gemini_role(body)
+        n = state["calls"][role] = state["calls"].get(role, -1) + 1
+        if role == "writer" and n == state["fail_writer"]:
+            return self._send({"error": {"code": 401, "message": f"bad key; {echo}", "status": "UNAUTHENTICATED"}},
+                              401)
+        if role == "editor":
+            return self._gemini(*_edit(body, echo), echo)
+        if role == "writer":
+            text, thought = f"Add a small pneumothorax, variant {n % 3}. {echo}", f"Thinking. {echo}"
+        else:
+            text, thought = json.dumps({"has_disease": True, "structure_reasonable": True, "looks_realistic": True,
+                                        "fidelity_preserved": True, "qualified": n % 3 == 1,
+                                        "reason": f"Checked. {echo}"}), f"Compared. {echo}"
+        if openai:
+            return self._send({"id": f"echo-{n}", "object": "chat.completion", "created": 0, "model": body["model"],
+                               "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                   "role": "assistant", "content": text, "reasoning_content": thought}}],
+                               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                               "echo": echo})
+        self._gemini([{"text": thought, "thought": True}, {"text": text}], "STOP", echo)
+
+    def _gemini(self, parts: list[dict], finish: str, echo: str):
+        self._send({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish,
+                                    "index": 0}], "usageMetadata": {"promptTokenCount": 1}, "modelVersion": echo})
+
+    def _send(self, obj, code=200):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def _edit(body: dict, echo: str) -> tuple[list[dict], str]:
+    """The editor's parts and finish reason for the variant its instruction names."""
+    parts = body["contents"][0]["parts"]
+    variant = int(re.search(r"variant (\d)", " ".join(p.get("text", "") for p in parts))[1])
+    answer = [{"text": f"I will not. {echo}"}]
+    if variant == 2:  # the source image back, as the edit
+        source = next(p["inlineData"] for p in parts if "inlineData" in p)
+        answer.append({"inlineData": {"mimeType": "image/jpeg", "data": source["data"]}})
+    return answer, "SAFETY" if variant == 0 else "STOP"
+
+
+def _gemini_role(body: dict) -> str:
+    config = body.get("generationConfig") or {}
+    if "IMAGE" in config.get("responseModalities", []):
+        return "editor"
+    return "judge" if config.get("responseMimeType") == "application/json" else "writer"
+
+
+def _openai_role(body: dict) -> str:
+    content = body["messages"][0]["content"]
+    return "judge" if sum(part["type"] == "image_url" for part in content) == 2 else "writer"
+
+
+@pytest.fixture
+def echo():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    server.state = {"calls": {}, "fail_writer": -1}
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def sources(tmp_path) -> Path:
+    for i in range(3):
+        write_jpeg(tmp_path / "sources" / "MIMIC_secret" / "normal" / f"n{i}.jpeg", i, size=64)
+    return tmp_path / "sources"
+
+
+def _generate_and_build(argv: list[str], run_dir: Path, dataset: Path, capfd) -> tuple[str, dict]:
+    """`medbanana generate` then `medbanana build`; returns what both printed and the run's records by source."""
+    assert main(["generate", *argv, "--out", str(run_dir), "--diseases", "Pneumothorax", "--directions", "add",
+                 "--concurrency", "1", "--max-attempts", "1", "--timeout", "20", "-q"]) == 0
+    assert main(["build", str(run_dir), "--out", str(dataset), "-q"]) == 0
+    captured = capfd.readouterr()
+    records = {}
+    for _, _, folder in layout.find_output_dirs(run_dir):
+        for record in json.loads((folder / layout.ALL_CONVERSATIONS).read_text()).values():
+            records[record["image"]] = record
+    return captured.out + captured.err, records
+
+
+def _parquet_text(dataset: Path) -> str:
+    """Every row of every parquet file, decoded: strings as they are, bytes as latin-1 (image metadata too)."""
+    rows = [row for path in sorted(dataset.rglob("*.parquet")) for row in pq.read_table(path).to_pylist()]
+    assert rows
+    return json.dumps(rows, default=lambda v: v.decode("latin-1") if isinstance(v, bytes) else str(v))
+
+
+def _assert_nowhere(secret: str, printed: str, *folders: Path) -> None:
+    assert secret not in printed
+    files = [p for folder in folders for p in folder.rglob("*") if p.is_file()]
+    assert len(files) > 10
+    assert [p for p in files if secret.encode() in p.read_bytes()] == []
+
+
+def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sources, tmp_path, monkeypatch, capfd):
+    key = f"AIza-test-SECRET-{uuid.uuid4()}"
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    monkeypatch.setenv("GEMINI_API_KEY", key)
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", f"http://127.0.0.1:{echo.server_port}")
+    echo.state["fail_writer"] = 6  # the third task's first call: its two predecessors took three writer calls each
+    run_dir, dataset = tmp_path / "run", tmp_path / "dataset"
+    printed, records = _generate_and_build(["--sources", str(sources), "--backend", "gemini", "--max-rounds", "3"],
+                                           run_dir, dataset, capfd)
+    assert [records[f"n{i}.jpeg"]["status"] for i in range(3)] == ["failed", "success", "api_failed"]
+    rounds = records["n0.jpeg"]["rounds"]  # the endpoint's text reached every field it could, scrubbed
+    assert rounds[0]["edit_result"]["error"].startswith("safety: ") and MARK in rounds[0]["edit_result"]["error"]
+    assert rounds[1]["edit_result"]["error"].startswith("text_only: ") and MARK in rounds[1]["edit_result"]["error"]
+    assert MARK in rounds[2]["verification"]["reason"] and MARK in rounds[2]["generate_prompt"]["thinking_summary"]
+    assert records["n2.jpeg"]["error"]["kind"] == "unauthenticated" and MARK in records["n2.jpeg"]["error"]["message"]
+    cached = [p.read_text() for p in (run_dir / "medbanana-cache" / "gemini").rglob("*.json")]
+    assert cached and all(MARK in text for text in cached)  # each answer echoed the headers: each was scrubbed
+    parquet = _parquet_text(dataset)
+    assert "request headers" in parquet and MARK in parquet and key not in parquet
+    _assert_nowhere(key, printed, run_dir, dataset)
+
+
+def test_openai_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sources, tmp_path, monkeypatch, capfd):
+    key = f"sk-test-SECRET-{uuid.uuid4()}"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    echo.state["fail_writer"] = 4  # the third task: the first succeeds in round 2, the second fails after 2 rounds
+    run_dir, dataset = tmp_path / "run", tmp_path / "dataset"
+    argv = ["--sources", str(sources), "--backend", "simulator", "--writer", "openai", "--judge", "openai",
+            "--openai-base-url", f"http://127.0.0.1:{echo.server_port}/v1", "--openai-model", "echo",
+            "--max-rounds", "2"]
+    printed, records = _generate_and_build(argv, run_dir, dataset, capfd)
+    assert [records[f"n{i}.jpeg"]["status"] for i in range(3)] == ["success", "failed", "api_failed"]
+    last = records["n0.jpeg"]["rounds"][-1]
+    assert MARK in last["instruction"] and MARK in last["verification"]["reason"]
+    assert MARK in last["generate_prompt"]["thinking_summary"] and MARK in records["n2.jpeg"]["error"]["message"]
+    cached = [json.loads(p.read_text()) for p in (run_dir / "medbanana-cache" / "openai").rglob("*.json")]
+    assert cached and all(MARK in c["echo"] and MARK in c["choices"][0]["message"]["content"] for c in cached)
+    parquet = _parquet_text(dataset)
+    assert "request headers" in parquet and MARK in parquet and key not in parquet
+    _assert_nowhere(key, printed, run_dir, dataset)
+
+
+# ---------------------------------------------------------------- medbanana upload
+
+class RefusingHub(BaseHTTPRequestHandler):
+    """Every request refused with `code`, the request's headers (the token with them) in the body and a header."""
+
+    def _refuse(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        echo = f"refused; you sent Authorization: {self.headers['Authorization']}, all: {dict(self.headers)}"
+        data = json.dumps({"error": echo}).encode()
+        self.send_response(self.server.code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Error-Message", echo)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = _refuse
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def dataset(builder_original_run, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("upload") / "ds"
+    build([builder_original_run], out, configs=["conversations"], quiet=True)
+    return out
+
+
+def _upload(dataset: Path, capsys) -> tuple[int, str, str]:
+    code = main(["upload", str(dataset), "my-org/medbanana-50k"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("status", [401, 403, 500])
+def test_upload_prints_one_line_without_the_token_when_the_hub_echoes_it(dataset, status, monkeypatch, capsys):
+    token = f"hf_test_SECRET_{uuid.uuid4().hex}"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RefusingHub)
+    server.code = status
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_TOKEN", token)
+    try:
+        code, out, err = _upload(dataset, capsys)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"answered HTTP {status}" in err and endpoint in err and "my-org/medbanana-50k" in err
+    assert MARK in err and token not in err  # the echo is quoted, the token is not
+
+
+def test_upload_scrubs_a_token_stored_by_hf_auth_login(dataset, monkeypatch, capsys, tmp_path):
+    """A token from the token file is in no variable and has no known shape: scrub learns it from upload."""
+    import huggingface_hub.constants
+
+    token = f"stored-SECRET-{uuid.uuid4()}"
+    (tmp_path / "token").write_text(token)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RefusingHub)
+    server.code = 403
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    try:
+        code, out, err = _upload(dataset, capsys)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and "HTTP 403" in err and token not in out + err
+
+
+def test_upload_to_a_closed_port_is_one_clear_line(dataset, monkeypatch, capsys):
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_TOKEN", f"hf_test_SECRET_{uuid.uuid4().hex}")
+    code, out, err = _upload(dataset, capsys)
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0].startswith("medbanana upload: error: creating the dataset repository my-org/medbanana-50k failed")
+    assert f"could not reach {endpoint}" in lines[0] and "check HF_ENDPOINT" in lines[0]
