@@ -3,17 +3,22 @@
 The statistics section is the paper's Table 1, Table 2 (with the most frequent failure reasons) and Figure 3, as
 `medbanana stats` writes them (`evaluation.stats.card_section`). The YAML front matter is serialised by the
 libraries that read it (`datasets`' `DatasetInfosDict` and `MetadataConfigs`, `huggingface_hub`'s
-`DatasetCardData`) from the same `CONFIG_FEATURES` the parquet files use.
+`DatasetCardData`) from the same `CONFIG_FEATURES` the parquet files use. Every value that comes from the data
+(run, dataset, modality, disease names, verdict reasons, marks read from images) goes through `md_escape`.
 """
 
 from __future__ import annotations
 
+import copy
+import html
+import re
+import unicodedata
 from collections import Counter
 from importlib import resources
 from string import Template
 
 from ..evaluation.stats import RunSummary, card_section
-from ..generation.provenance import IPTC_DST_PREFIX
+from ..generation.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from .stats import UNMARKED, BuildStats
 
@@ -21,6 +26,28 @@ PRETTY_NAME = "Med-Banana-style medical image edits (medbanana build)"
 STATUSES = ("success", "failed", "api_failed")
 _SIZE_BINS = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
               (10_000_000, "1M<n<10M"))
+
+
+# Markdown's inline syntax (code, emphasis, links, images, headings, escapes); `|` and HTML go as references.
+# A run of `_` between two letters or digits cannot open or close emphasis (CommonMark's flanking rule), so
+# names like brain_mri stay as they are.
+_MARKDOWN_CHARS = re.compile(r"[\\`*~\[\]#!]|_+")
+
+
+def md_escape(value) -> str:
+    """A data value (disease, dataset or run name, reason, model id, ...) as inert Markdown text: one line, no HTML,
+    no code span, link, emphasis or table cell break. Every data value in the card goes through this; values
+    are never put inside backticks, where escapes do not apply."""
+    text = "".join(" " if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in str(value))
+    text = html.escape(_MARKDOWN_CHARS.sub(lambda m: _escape_run(m, text), text), quote=False)
+    return text.replace("|", "&#124;")  # a reference: GFM splits table cells even on `\|` inside code
+
+
+def _escape_run(match: re.Match, text: str) -> str:
+    before, after = text[match.start() - 1:match.start()], text[match.end():match.end() + 1]
+    if match.group().startswith("_") and before.isalnum() and after.isalnum():
+        return match.group()
+    return "".join("\\" + c for c in match.group())
 
 
 def card_template() -> str:
@@ -75,7 +102,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
                f"edits, {failed:,} tasks never accepted, {api_failed:,} stopped by API failures, and "
                f"{attempts:,} attempts in all.")
     pairs = sum(stats.rows[("dpo_pairs", s)] for s in splits)
-    no_pair = ", ".join(f"{n:,} {why}" for why, n in sorted(stats.no_pair.items())) or "none"
+    no_pair = ", ".join(f"{n:,} {md_escape(why)}" for why, n in sorted(stats.no_pair.items())) or "none"
     values = {
         "front_matter": front_matter(stats, present), "pretty_name": PRETTY_NAME,
         "max_rounds": max_rounds, "summary": summary,
@@ -92,7 +119,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
         "no_pair_text": no_pair,
         "missing_note": (f"**Missing images:** {stats.missing_images:,} image files named by the run's JSON were not "
                          "found; their rows have a null image." if stats.missing_images else ""),
-        "datasets_table": "\n".join(f"| `{run}` | `{dataset}` | {modality} | {n:,} |"
+        "datasets_table": "\n".join(f"| {md_escape(run)} | {md_escape(dataset)} | {md_escape(modality)} | {n:,} |"
                                      for (run, dataset, modality), n in sorted(stats.datasets.items())),
         "build_note": build_note,
     }
@@ -123,7 +150,7 @@ def _rounds_table(stats: BuildStats) -> str:
     for (_m, _t, r), n in stats.success_rounds.items():
         by_round[r if r is not None else "unknown"] += n
     total = sum(by_round.values()) or 1
-    return "\n".join(f"| {r} | {n:,} | {n / total:.1%} |"
+    return "\n".join(f"| {md_escape(r)} | {n:,} | {n / total:.1%} |"
                      for r, n in sorted(by_round.items(), key=lambda kv: str(kv[0]).zfill(8)))
 
 
@@ -131,13 +158,30 @@ def _disease_table(stats: BuildStats) -> str:
     by_disease: dict[tuple, Counter] = {}
     for (modality, task, disease, status), n in stats.tasks.items():
         by_disease.setdefault((modality, task, disease), Counter())[status] += n
-    return "\n".join(f"| {m} | {t} | {d} | {c['success']:,} | {c['failed']:,} | {c['api_failed']:,} |"
+    return "\n".join(f"| {md_escape(m)} | {md_escape(t)} | {md_escape(d)} | {c['success']:,} | {c['failed']:,} | "
+                     f"{c['api_failed']:,} |"
                      for (m, t, d), c in sorted(by_disease.items()))
 
 
 def paper_section(stats: BuildStats, figure: str | None) -> str:
-    """Table 1, Table 2 with the failure reasons, and Figure 3 when drawn: the markdown `medbanana stats` writes."""
-    return card_section(RunSummary(stats), figure).rstrip("\n")
+    """Table 1, Table 2 with the failure reasons, and Figure 3 when drawn: the markdown `medbanana stats` writes,
+    made from a copy of `stats` whose texts (modality, direction, reasons) are escaped for the card."""
+    return card_section(RunSummary(_escaped_texts(stats)), figure).rstrip("\n")
+
+
+def _escaped_texts(stats: BuildStats) -> BuildStats:
+    """`stats` with `md_escape`d text in the keys that `card_section` prints (its tables escape only `|`)."""
+    escaped = copy.copy(stats)
+    escaped.tasks = Counter()
+    for (m, t, d, status), n in stats.tasks.items():
+        escaped.tasks[(md_escape(m), md_escape(t), md_escape(d), status)] += n
+    escaped.success_rounds = Counter()
+    for (m, t, r), n in stats.success_rounds.items():
+        escaped.success_rounds[(md_escape(m), md_escape(t), r)] += n
+    escaped.failure_reasons = Counter()  # a cached_property: setting it on the copy replaces what it derives
+    for reason, n in stats.failure_reasons.items():
+        escaped.failure_reasons[md_escape(reason)] += n
+    return escaped
 
 
 _MARK_MEANINGS = {  # the IPTC definitions, and which medbanana editor writes each
@@ -154,7 +198,9 @@ def _mark_note(stats: BuildStats) -> str:
     if not read:
         return ("This build holds no image files (no image config was built), so none were counted; "
                 "medbanana's generator marks every edited image it writes.")
-    lines = [f"- `{IPTC_DST_PREFIX}{t}`: {n:,} images" + (f", {_MARK_MEANINGS[t]}" if t in _MARK_MEANINGS else "")
+    # known IPTC codes in code spans; any other value read from an image's XMP is data, escaped
+    lines = [(f"- `{IPTC_DST_PREFIX}{t}`" if t in SOURCE_TYPES else f"- {md_escape(IPTC_DST_PREFIX + t)}")
+             + f": {n:,} images" + (f", {_MARK_MEANINGS[t]}" if t in _MARK_MEANINGS else "")
              for t, n in sorted(marked.items())]
     unmarked = stats.image_marks[UNMARKED]
     if not unmarked:

@@ -1,4 +1,10 @@
-"""Combine run directories (shards of one job) into one. Two runs that finished the same task is an error."""
+"""Combine run directories (shards of one job) into one. Two runs that finished the same task is an error.
+
+Shards may come from other machines, so every path a journal names is data: each image is read only from inside
+its shard and written only inside --out (`layout.inside`, symlinks resolved), and a record's dataset and task must
+name a `{D}-edit` / `{D}-remove` folder directly in --out. Every record of every shard is checked before anything
+is written.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from . import layout
-from .store import IDENTITY_KEYS, RunStore, read_journal
+from .store import IDENTITY_KEYS, RunStore
 
 
 class MergeConflict(RuntimeError):
@@ -27,39 +33,90 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def _finished_tasks(run_dir: Path) -> dict[str, tuple[int, dict]]:
+    """uid -> (journal line, record) of the last `task` line per uid; unreadable (torn) lines are skipped, as
+    `store.read_journal` does."""
+    path = run_dir / layout.JOURNAL
+    latest: dict[str, tuple[int, dict]] = {}
+    if not path.exists():
+        return latest
+    with open(layout.inside(run_dir, layout.JOURNAL, named_by=f"the shard {run_dir}"), "rb") as fh:
+        for line_no, raw in enumerate(fh, 1):
+            try:
+                entry = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and entry.get("type") == "task":
+                latest[str(entry.get("uid"))] = (line_no, entry.get("record"))
+    return latest
+
+
+def _checked_copies(run_dir: Path, out: Path, line_no: int, record) -> list[tuple[Path, Path]]:
+    """(source in the shard, destination in --out) of a record's images; UnsafePath or ValueError naming the shard,
+    the journal line and the path for anything that leads elsewhere."""
+    where = f"shard {run_dir}, {layout.JOURNAL} line {line_no}"
+    if not isinstance(record, dict) or not isinstance(record.get("uid"), str):
+        raise ValueError(f"{where}: a task line without a record and its uid")
+    if record.get("task") not in ("add", "remove"):
+        raise ValueError(f"{where}: task {record.get('task')!r} is neither 'add' nor 'remove'")
+    dataset = record.get("dataset")
+    # store.materialize writes {D}-edit/*.json from this name: it must be one folder name, inside --out
+    folder = layout.output_dir(Path(), str(dataset), record["task"])
+    if not isinstance(dataset, str) or len(folder.parts) != 1:
+        raise layout.UnsafePath(f"{where}: dataset {dataset!r} is not one folder name")
+    layout.inside(out, folder, named_by=f"{where} (dataset)")
+    rounds = record.get("rounds")
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
+        raise ValueError(f"{where}: `rounds` is not a list of objects")
+    copies = []
+    for rnd in rounds:
+        image = rnd.get("image")
+        if image:
+            if not isinstance(image, str):
+                raise ValueError(f"{where}: image {image!r} is not a path")
+            named = f"{where} (image of round {rnd.get('round')})"
+            copies.append((layout.inside(run_dir, image, named_by=named), layout.inside(out, image, named_by=named)))
+    final = record.get("final_image")
+    if final:
+        if not isinstance(final, str):
+            raise ValueError(f"{where}: final_image {final!r} is not a path")
+        layout.inside(out, final, named_by=f"{where} (final_image)")
+    return copies
+
+
 def merge_runs(inputs: list[Path], out: Path) -> dict:
     """Merge the finished tasks of `inputs` into `out` (a new or compatible run directory); returns counts."""
+    inputs, out = [Path(p) for p in inputs], Path(out)
     configs = []
     for run_dir in inputs:
-        cfg_path = Path(run_dir) / layout.RUN_CONFIG
+        cfg_path = run_dir / layout.RUN_CONFIG
         if not cfg_path.exists():
             raise FileNotFoundError(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
-        configs.append(json.loads(cfg_path.read_text()))
+        configs.append(json.loads(layout.inside(run_dir, layout.RUN_CONFIG, named_by=str(run_dir)).read_text()))
     for run_dir, cfg in zip(inputs[1:], configs[1:]):
         diffs = [k for k in IDENTITY_KEYS if cfg.get(k) != configs[0].get(k)]
         if diffs:
             raise MergeConflict(f"{run_dir} was made with other options than {inputs[0]}: {', '.join(diffs)}")
     owner: dict[str, Path] = {}
-    finished: list[tuple[Path, dict]] = []
+    finished: list[tuple[dict, list[tuple[Path, Path]]]] = []
     for run_dir in inputs:
-        latest = {e["uid"]: e["record"] for e in read_journal(Path(run_dir) / layout.JOURNAL) if e["type"] == "task"}
-        for uid, record in latest.items():
+        for uid, (line_no, record) in _finished_tasks(run_dir).items():
+            copies = _checked_copies(run_dir, out, line_no, record)
             if uid in owner:
                 raise MergeConflict(f"task {uid} is finished in both {owner[uid]} and {run_dir}")
-            owner[uid] = Path(run_dir)
-            finished.append((Path(run_dir), record))
+            owner[uid] = run_dir
+            finished.append((record, copies))
     config = {k: v for k, v in configs[0].items() if k not in ("created",)}
-    config["merged_from"] = [str(Path(p).resolve()) for p in inputs]
+    config["merged_from"] = [str(p.resolve()) for p in inputs]
     store = RunStore(out, config).open()
     try:
-        for run_dir, record in finished:
+        for record, copies in finished:
             if record["uid"] in store.finished:
                 raise MergeConflict(f"task {record['uid']} is already finished in {out}")
-            for rnd in record["rounds"]:
-                if rnd.get("image"):
-                    _link_or_copy(run_dir / rnd["image"], Path(out) / rnd["image"])
+            for src, dst in copies:
+                _link_or_copy(src, dst)
             if record.get("final_image"):
-                record["final_image_path"] = str((Path(out) / record["final_image"]).resolve())
+                record["final_image_path"] = str((out / record["final_image"]).resolve())
             store.add_finished(record)
     finally:
         store.close()

@@ -44,6 +44,9 @@ PNG_XMP_KEYWORD = b"XML:com.adobe.xmp"
 _MAX_JPEG_SEGMENT = 0xFFFF - 2  # payload bytes after the 2-byte length field
 _PROPERTY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _RESERVED = {"RunId", "Models"}
+# characters XML 1.0 forbids even as &#..; references (C0 controls but tab/LF/CR, lone surrogates, U+FFFE/FFFF)
+_NOT_XML_CHAR = re.compile(r"[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_TEXT_ENTITIES = {"\r": "&#13;"}  # a literal CR in element text reads back as LF (quoteattr does this already)
 
 
 @dataclass
@@ -66,19 +69,28 @@ def _creator_tool() -> str:
         return "medbanana"
 
 
+def xmp_text(value) -> str:
+    """`value` as text an XML 1.0 packet can hold: each forbidden character becomes U+FFFD. Every value of the
+    mark goes through this, so `read_mark` gives back exactly `xmp_text(value)`."""
+    return _NOT_XML_CHAR.sub("\ufffd", str(value))
+
+
 def xmp_packet(run_id: str, models: dict[str, str] | None = None, *, source_type: str = DEFAULT_SOURCE_TYPE,
                extra: dict[str, str] | None = None, note: str | None = None) -> bytes:
     """The XMP packet (UTF-8) that `mark_synthetic` inserts."""
     if source_type not in SOURCE_TYPES:
         raise ValueError(f"unknown DigitalSourceType {source_type!r}; use one of {', '.join(SOURCE_TYPES)}")
-    props = {"RunId": str(run_id), "Models": json.dumps(dict(models or {}), sort_keys=True, ensure_ascii=False)}
+    clean = lambda v: xmp_text(v) if isinstance(v, str) else v  # JSON keeps non-text values as they are
+    models = {clean(k): clean(v) for k, v in (models or {}).items()}
+    props = {"RunId": xmp_text(run_id), "Models": json.dumps(models, sort_keys=True, ensure_ascii=False)}
     for name, value in (extra or {}).items():
-        if not _PROPERTY_NAME.match(name) or name in _RESERVED:
+        if not isinstance(name, str) or not _PROPERTY_NAME.match(name) or name in _RESERVED:
             raise ValueError(f"extra property name {name!r} must be a letter then letters/digits/_ and not "
                              f"{' or '.join(sorted(_RESERVED))}")
-        props[name] = str(value)
-    note = note or (f"Synthetic medical image: a real scan edited by an AI model (medbanana run {run_id}). "
-                    "Not a real patient image; not for diagnosis.")
+        props[name] = xmp_text(value)
+    note = xmp_text(note or (f"Synthetic medical image: a real scan edited by an AI model (medbanana run "
+                             f"{props['RunId']}). Not a real patient image; not for diagnosis."))
+    # values only ever appear escaped: quoteattr for attributes, escape for the element text
     attrs = "".join(f"\n    medbanana:{k}={quoteattr(v)}" for k, v in props.items())
     packet = (
         '<?xpacket begin="\ufeff" id="W5M0MpCehiHzreSzNTczkc9d"?>\n'
@@ -89,7 +101,7 @@ def xmp_packet(run_id: str, models: dict[str, str] | None = None, *, source_type
         f'\n    xmlns:Iptc4xmpExt="{NS["Iptc4xmpExt"]}"\n    xmlns:medbanana="{NS["medbanana"]}"'
         f'\n    Iptc4xmpExt:DigitalSourceType={quoteattr(IPTC_DST_PREFIX + source_type)}'
         f'\n    xmp:CreatorTool={quoteattr(_creator_tool())}{attrs}>\n'
-        f'   <dc:description><rdf:Alt><rdf:li xml:lang="x-default">{escape(note)}</rdf:li></rdf:Alt>'
+        f'   <dc:description><rdf:Alt><rdf:li xml:lang="x-default">{escape(note, _TEXT_ENTITIES)}</rdf:li></rdf:Alt>'
         '</dc:description>\n'
         '  </rdf:Description>\n </rdf:RDF>\n</x:xmpmeta>\n<?xpacket end="r"?>')
     return packet.encode("utf-8")
