@@ -6,6 +6,10 @@ crosses processes.
 Each task's images are read once (by reader threads, a few tasks ahead) and written into every config that needs
 them; closed shards are hashed for SHA256SUMS in a thread while writing goes on. The folder is built next to
 `--out` and moved into place only when complete: a failed build leaves the previous one untouched.
+
+Nothing from outside the runs (or `--source-images`) is read, and only JPEG/PNG images are embedded (`safety`):
+a refused input stops the build (`unsafe="error"`) or leaves its task out and is listed in the statistics
+(`unsafe="skip"`), never embedded and never dropped silently.
 """
 
 from __future__ import annotations
@@ -27,13 +31,13 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..evaluation.stats import EVAL_EXTRA, FIGURE, require_matplotlib, save_figure3
-from ..generation import layout
 from .card import render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES
 from .manifest import write_manifest
 from .parquet import ShardedParquetWriter, finalize_shards
 from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
-from .runs import Unit, discover_units, read_tasks, task_keys, unit_size
+from .runs import Unit, discover_units, read_tasks, recorded_max_rounds, task_keys, unit_size
+from .safety import POLICIES, Confined, Refused
 from .sources import SourceIndex
 from .stats import BuildStats
 
@@ -58,6 +62,7 @@ class PartitionSpec:
     test_fraction: float
     max_shard_bytes: int
     source_images: Path | None
+    unsafe: str = "error"  # safety.POLICIES
 
 
 def parse_size(text: str | int) -> int:
@@ -75,8 +80,12 @@ def parse_size(text: str | int) -> int:
 
 def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFIG_NAMES, test_fraction: float = 0.0,
           max_shard_size: str | int = "500MB", num_proc: int = 1, source_images: Path | None = None,
-          quiet: bool = False) -> dict:
-    """Build the dataset folder `out` from run directories; returns what `medbanana-build.json` holds."""
+          quiet: bool = False, unsafe: str = "error") -> dict:
+    """Build the dataset folder `out` from run directories; returns what `medbanana-build.json` holds.
+
+    `unsafe`: what a refused input does (a path leading outside its root, a file that is not an image, a
+    malformed entry): "error" stops the build with a BuildError naming it; "skip" leaves its task out and lists
+    it under `stats.refused`."""
     configs = tuple(configs)
     unknown = [c for c in configs if c not in CONFIG_FEATURES]
     if unknown or not configs:
@@ -85,10 +94,13 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
         raise BuildError(f"--test-fraction must be in [0, 1), not {test_fraction}")
     if num_proc < 1:
         raise BuildError("--num-proc must be at least 1")
+    if unsafe not in POLICIES:
+        raise BuildError(f"--unsafe must be one of {', '.join(POLICIES)}, not {unsafe!r}")
     max_shard_bytes = parse_size(max_shard_size)
     out = Path(out).resolve()
     _check_out(out)
-    units = discover_all([Path(p) for p in run_dirs])
+    found_refused: list[Refused] = []
+    units = discover_all([Path(p) for p in run_dirs], found_refused.append if unsafe == "skip" else None)
     if source_images is not None and not Path(source_images).is_dir():
         raise BuildError(f"--source-images: folder not found: {source_images}")
 
@@ -97,19 +109,22 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
     staging.mkdir(parents=True)
     try:
         sources_root = Path(source_images).resolve() if source_images else None
-        specs = [PartitionSpec(p, items, staging, configs, test_fraction, max_shard_bytes, sources_root)
+        specs = [PartitionSpec(p, items, staging, configs, test_fraction, max_shard_bytes, sources_root, unsafe)
                  for p, items in enumerate(plan_partitions(units, num_proc))]
         stats, digests = _run_partitions(specs, quiet)
+        for exc in found_refused:  # folders and files refused while finding the units
+            stats.add_refusal(exc, task_left_out=False)
+        max_rounds = _max_rounds(units, stats if unsafe == "skip" else None)
         splits = ["train", "test"] if test_fraction > 0 else ["train"]
         files, final_digests = _finalize(staging, configs, splits, digests)
         figure = _draw_figure(stats, staging / FIGURE)
         info = _build_info(units, configs, splits, files, stats, test_fraction, max_shard_bytes,
-                           source_images is not None, figure)
+                           source_images is not None, figure, unsafe)
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         note = (f"Built by medbanana {info['medbanana_version']} with datasets {info['datasets_version']}; "
-                f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).")
+                f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{_refused_note(stats)}")
         card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
-                           max_rounds=_max_rounds(units), test_fraction=test_fraction,
+                           max_rounds=max_rounds, test_fraction=test_fraction,
                            sources_attached=source_images is not None, build_note=note, figure=figure)
         (staging / README).write_text(card, encoding="utf-8")
         write_manifest(staging, final_digests)
@@ -132,14 +147,15 @@ def _draw_figure(stats: BuildStats, path: Path) -> str | None:
     return path.name
 
 
-def discover_all(run_dirs: Sequence[Path]) -> list[Unit]:
-    """The units of every run; a task may appear in only one of them."""
+def discover_all(run_dirs: Sequence[Path], refused=None) -> list[Unit]:
+    """The units of every run; a task may appear in only one of them. A folder or JSON file leading outside its
+    run is refused: a BuildError, or passed to `refused` (policy skip)."""
     units: list[Unit] = []
     for run_dir in run_dirs:
         try:
-            units.extend(discover_units(run_dir))
+            units.extend(discover_units(run_dir, refused))
         except (FileNotFoundError, ValueError) as exc:
-            raise BuildError(str(exc)) from None
+            raise BuildError(_message(exc)) from None
     by_name: dict[str, list[Unit]] = {}
     for unit in units:
         by_name.setdefault(unit.path.name, []).append(unit)
@@ -147,7 +163,11 @@ def discover_all(run_dirs: Sequence[Path]) -> list[Unit]:
         if len(same) > 1:  # the same {D}-edit folder in two runs: allowed only when their tasks differ
             seen: dict[str, Unit] = {}
             for unit in same:
-                for uid in task_keys(unit):
+                try:  # entries refused here are recorded when the unit is built
+                    uids = task_keys(unit, (lambda exc: None) if refused is not None else None)
+                except ValueError as exc:
+                    raise BuildError(_message(exc)) from None
+                for uid in uids:
                     if uid in seen:
                         raise BuildError(f"task {uid} is in both {seen[uid].label} and {unit.label}; "
                                          "build each run once")
@@ -179,9 +199,12 @@ def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hashe
     writers: dict[tuple[str, str], ShardedParquetWriter] = {}
     stats = BuildStats()
     sources = SourceIndex(spec.source_images) if spec.source_images else None
+    refused = stats.add_refusal if spec.unsafe == "skip" else None
+    confined = Confined()  # folders resolved once for the partition (see safety.Confined)
     for unit, block, blocks in spec.items:
         # one unit at a time, in a function of its own: its records are freed before the next is decoded
-        _write_unit(read_tasks(unit, block, blocks), spec, writers, stats, sources, hasher, readers, progress)
+        _write_unit(read_tasks(unit, block, blocks, refused), spec, writers, stats, sources, confined, hasher,
+                    readers, progress)
     digests = {}
     for (config, split), writer in writers.items():
         for shard in writer.close():
@@ -190,14 +213,22 @@ def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hashe
     return stats, digests
 
 
-def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None):
+def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None, confined: Confined,
+                  skip: bool):
     """(task, its images, its source image) in order, reading those of the next _READ_AHEAD tasks in threads
-    meanwhile: with a cold cache one read at a time leaves the disk idle between files (reads release the GIL)."""
+    meanwhile: with a cold cache one read at a time leaves the disk idle between files (reads release the GIL).
+    With `skip`, a task whose input is refused comes as (task, the Refused, None)."""
     def read(task):
-        source = None
-        if sources is not None:
-            source = sources.image_value(task.dataset, task.task, task.disease, task.source_id, task.source_path)
-        return load_images(task), source
+        try:
+            source = None
+            if sources is not None:
+                source = sources.image_value(task.dataset, task.task, task.disease, task.source_id,
+                                             task.source_path)
+            return load_images(task, confined), source
+        except Refused as exc:
+            if not skip:
+                raise
+            return exc, None
 
     window: deque = deque()
     upcoming = iter(tasks)
@@ -211,11 +242,15 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
         yield task, *inputs.result()
 
 
-def _write_unit(tasks, spec: PartitionSpec, writers: dict, stats: BuildStats, sources: SourceIndex | None, hasher,
-                readers: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
+def _write_unit(tasks, spec: PartitionSpec, writers: dict, stats: BuildStats, sources: SourceIndex | None,
+                confined: Confined, hasher, readers: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
     with_images = bool(IMAGE_CONFIGS & set(spec.configs))
-    loaded = _inputs_ahead(tasks, readers, sources) if with_images else ((task, {}, None) for task in tasks)
+    loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip") if with_images
+              else ((task, {}, None) for task in tasks))
     for done, (task, images, source) in enumerate(loaded, 1):
+        if isinstance(images, Refused):  # policy skip: the task gives no row in any config
+            stats.add_refusal(images)
+            continue
         split = split_of(task.source_id, spec.test_fraction)
         stats.add_task(task, images, None if sources is None or not with_images else source is not None)
         for config in spec.configs:
@@ -236,7 +271,7 @@ def _partition_worker(spec: PartitionSpec, messages) -> None:
         stats, digests = build_partition(spec, lambda n: messages.put(("progress", n)))
         messages.put(("done", spec.part, (stats, digests)))
     except (ValueError, OSError) as exc:  # bad input or a full disk: the message says it all
-        messages.put(("error", spec.part, str(exc)))
+        messages.put(("error", spec.part, _message(exc)))
     except BaseException as exc:  # a bug: keep the traceback
         messages.put(("error", spec.part, f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}"))
 
@@ -248,7 +283,7 @@ def _run_partitions(specs: list[PartitionSpec], quiet: bool) -> tuple[BuildStats
             try:
                 stats, digests = build_partition(specs[0], bar.update)
             except (ValueError, OSError) as exc:  # unreadable JSON, a full disk, ...: say which, no traceback
-                raise BuildError(str(exc)) from exc
+                raise BuildError(_message(exc)) from exc
             total.merge(stats)
             return total, digests
         ctx = multiprocessing.get_context("spawn")  # pyarrow's thread pools do not survive fork
@@ -273,7 +308,7 @@ def _run_partitions(specs: list[PartitionSpec], quiet: bool) -> tuple[BuildStats
                     total.merge(rest[1][0])
                     digests.update(rest[1][1])
                 else:
-                    raise BuildError(f"partition {rest[0]} failed: {rest[1]}")
+                    raise BuildError(rest[1])  # names the file and the reason
         finally:
             for proc in procs:
                 if proc.is_alive() and len(finished) < len(specs):
@@ -303,8 +338,24 @@ def _finalize(folder: Path, configs: tuple[str, ...], splits: list[str], digests
     return files, final_digests
 
 
+def _message(exc: Exception) -> str:
+    """One line: the error, and for a refusal the option that turns refusals into recorded skips."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, Refused):
+        text += " (`--unsafe skip` leaves such inputs out and lists them in medbanana-build.json)"
+    return text
+
+
+def _refused_note(stats: BuildStats) -> str:
+    if not stats.refusals:
+        return ""
+    reasons = ", ".join(f"{n:,} {kind}" for kind, n in sorted(stats.refused.items()))
+    return (f" Refused inputs left out of this build: {len(stats.refusals):,} ({reasons}), "
+            f"{stats.refused_tasks:,} task(s); each is listed under stats.refused in {BUILD_INFO}.")
+
+
 def _build_info(units, configs, splits, files, stats: BuildStats, test_fraction, max_shard_bytes,
-                sources_attached, figure: str | None) -> dict:
+                sources_attached, figure: str | None, unsafe: str = "error") -> dict:
     import datasets
 
     from .. import __version__
@@ -314,19 +365,20 @@ def _build_info(units, configs, splits, files, stats: BuildStats, test_fraction,
         runs.setdefault(unit.run_dir.name, []).append(f"{unit.kind}:{unit.path.name}")
     return {"format_version": 1, "medbanana_version": __version__, "datasets_version": datasets.__version__,
             "runs": runs, "test_fraction": test_fraction, "max_shard_bytes": max_shard_bytes,
-            "sources_attached": sources_attached, "figure": figure,
+            "sources_attached": sources_attached, "figure": figure, "unsafe": unsafe,
             "configs": {c: {s: {"rows": stats.rows[(c, s)], "files": files.get(c, {}).get(s, [])} for s in splits}
                         for c in configs},
             "stats": stats.to_json()}
 
 
-def _max_rounds(units: list[Unit]) -> int:
-    found = []
-    for run_dir in {u.run_dir for u in units}:
-        config = run_dir / layout.RUN_CONFIG
-        if config.is_file():
-            found.append(int(json.loads(config.read_text(encoding="utf-8")).get("max_rounds", DEFAULT_MAX_ROUNDS)))
-    return max(found, default=DEFAULT_MAX_ROUNDS)
+def _max_rounds(units: list[Unit], stats: BuildStats | None) -> int:
+    """The card's round limit: the largest a run recorded (policy skip, `stats`: a refused file is recorded)."""
+    refused = (lambda exc: stats.add_refusal(exc, task_left_out=False)) if stats is not None else None
+    try:
+        found = [recorded_max_rounds(run_dir, refused) for run_dir in sorted({u.run_dir for u in units})]
+    except ValueError as exc:
+        raise BuildError(_message(exc)) from None
+    return max((n for n in found if n is not None), default=DEFAULT_MAX_ROUNDS)
 
 
 def _check_out(out: Path) -> None:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from . import CONFIG_NAMES
+from .safety import POLICIES
 
 
 def register(subparsers) -> None:
@@ -31,6 +32,12 @@ def register(subparsers) -> None:
     build.add_argument("--num-proc", type=int, default=1, metavar="N", help="worker processes (default 1)")
     build.add_argument("--configs", default=",".join(CONFIG_NAMES), metavar="LIST",
                        help="comma-separated configs to build (default: all five)")
+    build.add_argument("--unsafe", choices=POLICIES, default="error",
+                       help="what to do with an input the build refuses: a path named by the run's data (or a "
+                            "--source-images file) that leads outside its folder, e.g. through a symlink; a file "
+                            "that is not a JPEG or PNG image (empty, truncated, text); a malformed JSON entry. "
+                            "`error` (default): stop, naming the file, what named it and why, and write nothing. "
+                            "`skip`: leave the task out and list the refusal in medbanana-build.json and the card")
     build.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=run_build)
 
@@ -60,7 +67,7 @@ def run_build(args) -> int:
     try:
         info = build(args.run_dirs, args.out, configs=configs, test_fraction=args.test_fraction,
                      max_shard_size=args.max_shard_size, num_proc=args.num_proc,
-                     source_images=args.source_images, quiet=args.quiet)
+                     source_images=args.source_images, quiet=args.quiet, unsafe=args.unsafe)
     except BuildError as exc:
         print(f"medbanana build: error: {exc}", file=sys.stderr)
         return 2
@@ -74,18 +81,22 @@ def run_build(args) -> int:
         examples = ", ".join(info["stats"]["missing_image_examples"][:3])
         print(f"warning: {missing} image file(s) named by the JSON were not found (e.g. {examples}); "
               "their rows have a null image", file=sys.stderr)
+    refused = info["stats"]["refused"]
+    if refused["count"]:
+        print(f"warning: {refused['count']} input(s) refused and left out ({refused['tasks_left_out']} task(s)), "
+              f"e.g. {refused['items'][0]}; all are listed under stats.refused in "
+              f"{args.out / 'medbanana-build.json'}", file=sys.stderr)
     return 0
 
 
 def run_upload(args) -> int:
-    from huggingface_hub.errors import HfHubHTTPError
-
+    from ..generation.secrets import scrub
     from .upload import UploadError, upload
 
     try:
         url = upload(args.folder, args.repo_id, private=args.private, revision=args.revision)
-    except (UploadError, FileNotFoundError, HfHubHTTPError) as exc:
-        print(f"medbanana upload: error: {exc}", file=sys.stderr)
+    except (UploadError, FileNotFoundError) as exc:  # refusals and network failures arrive as one UploadError line
+        print(f"medbanana upload: error: {scrub(str(exc))}", file=sys.stderr)
         return 1
     print(f"uploaded {args.folder} to {args.repo_id}: {url}")
     return 0

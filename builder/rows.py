@@ -1,7 +1,7 @@
 """Rows of every config from one task record: the single place that decides what a row holds.
 
 Both the parquet build (`builder.build`) and the loading builder (`medbanana_50k.py`) call `ROW_ITERATORS`.
-Images are `{"bytes": <the file's bytes as they are>, "path": <path relative to the run>}` or None.
+Images are `{"bytes": <the file's bytes as they are>, "path": <path relative to the run>}` or None (missing).
 """
 
 from __future__ import annotations
@@ -13,18 +13,26 @@ from pathlib import Path
 
 from ..generation.taxonomy import load_taxonomy
 from .runs import AttemptRecord, TaskRecord, verdict_values
+from .safety import Confined
 
 Images = dict[str, dict | None]  # run-relative path -> image value (None: file missing)
 
 
-def load_images(task: TaskRecord) -> Images:
-    """Every attempt image of a task, read once, as stored on disk (no decoding)."""
+def load_images(task: TaskRecord, confined: Confined | None = None) -> Images:
+    """Every attempt image of a task, read once, as stored on disk (no decoding).
+
+    Each is read only from inside the run and only when it is a JPEG or PNG image; otherwise `safety.Refused`
+    is raised naming the file and the entry that named it. `confined` shares resolved folders between tasks."""
+    confined = confined or Confined()
     images: Images = {}
     for attempt in task.attempts:
         if attempt.image and attempt.image not in images:
-            path = Path(task.run_dir) / attempt.image
-            images[attempt.image] = {"bytes": path.read_bytes(), "path": attempt.image} if path.is_file() else None
+            images[attempt.image] = confined.read_image(task.run_dir, attempt.image, lambda a=attempt: _named(task, a))
     return images
+
+
+def _named(task: TaskRecord, attempt: AttemptRecord) -> str:
+    return task.origin if attempt.round is None else f"{task.origin}, round {attempt.round}"
 
 
 def split_of(source_id: str, test_fraction: float) -> str:

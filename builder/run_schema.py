@@ -1,16 +1,22 @@
 """The JSON the builder reads, as msgspec Structs: decoded straight into typed objects, unknown fields skipped.
 
 One schema covers the original scripts' `all_conversations.json` entries and ours (which add fields; see
-ARCHITECTURE.md, "Records"), and the paper's §5.2 records. Booleans and scores are typed `Any` because judges
-have been seen to answer "yes"/"no" or numbers as strings; `runs.as_bool` normalises them. `gc=False`: these
-objects hold no cycles, and keeping a million of them out of the cyclic collector's sight halves the read time.
+ARCHITECTURE.md, "Records"), and the paper's §5.2 records. Booleans and scores are any JSON scalar (`Scalar`)
+because judges have been seen to answer "yes"/"no" or numbers as strings; `runs.as_bool` normalises them. An
+object or a list there, or an integer past its parquet column's range, is a malformed entry that msgspec names
+by its `$...` path. `gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic
+collector's sight halves the read time.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
 import msgspec
+
+Scalar = bool | int | float | str | None
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # rounds: int32 columns
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # seed: an int64 column
 
 
 # Thinking summaries are most of the text and only the conversations and judge rows use them: they stay raw JSON
@@ -30,29 +36,37 @@ class GeneratePrompt(msgspec.Struct, gc=False):
 
 
 class EditResult(msgspec.Struct, gc=False):
-    success: Any = True
+    success: Scalar = True  # `runs` reads it strictly: "false" is false, "no" is refused
     error: str | None = None
 
 
 class Verification(msgspec.Struct, gc=False):
-    qualified: Any = None
-    has_disease: Any = None
-    structure_reasonable: Any = None
-    looks_realistic: Any = None
-    fidelity_preserved: Any = None  # ours
-    score: Any = None  # ours
+    qualified: Scalar = None
+    has_disease: Scalar = None
+    structure_reasonable: Scalar = None
+    looks_realistic: Scalar = None
+    fidelity_preserved: Scalar = None  # ours
+    score: Scalar = None  # ours
     reason: str | None = None
     thinking_summary: msgspec.Raw = NULL
     model: str | None = None  # ours
 
 
 class Round(msgspec.Struct, gc=False):
-    round: int | None = None
+    round: Int32 | None = None
     generate_prompt: GeneratePrompt | None = None
     edit_result: EditResult | None = None
     verification: Verification | None = None
     instruction: str | None = None  # ours, equal to generate_prompt.prompt
-    seconds: Any = None  # ours
+    seconds: int | float | str | None = None  # ours
+
+
+class Models(msgspec.Struct, gc=False):
+    """The models of a task (ours); a Struct so that a malformed one is named by field (`$.models.writer`)."""
+
+    writer: str | None = None
+    editor: str | None = None
+    judge: str | None = None
 
 
 class Conversation(msgspec.Struct, gc=False):
@@ -71,10 +85,10 @@ class Conversation(msgspec.Struct, gc=False):
     source_id: str | None = None
     source_path: str | None = None
     source_sha256: str | None = None
-    success_round: int | None = None
+    success_round: Int32 | None = None
     final_image: str | None = None
-    models: dict | None = None
-    seed: int | None = None
+    models: Models | None = None
+    seed: Int64 | None = None
 
 
 class ApiFailure(msgspec.Struct, gc=False):
@@ -82,14 +96,14 @@ class ApiFailure(msgspec.Struct, gc=False):
 
     task: str
     step: str | None = None
-    round: Any = None
+    round: int | str | None = None  # read leniently by `runs`, within int32
     error: str | None = None
     disease: str | None = None
     kind: str | None = None  # ours
 
 
 class PaperRound(msgspec.Struct, gc=False):
-    round: int
+    round: Int32
     instruction: str | None = None
     verdict: Verification | None = None
 
@@ -104,11 +118,10 @@ class PaperRecord(msgspec.Struct, gc=False):
     rounds: list[PaperRound] = []
     modality: str | None = None
     outcome: str | None = None
-    success_round: int | None = None
+    success_round: Int32 | None = None
     output_path: str | None = None
 
 
-CONVERSATIONS = msgspec.json.Decoder(dict[str, Conversation])
-PROGRESS = msgspec.json.Decoder(dict[str, str])
+CONVERSATION = msgspec.json.Decoder(Conversation)  # one entry: files are split into entries by `run_json`
 API_FAILURES = msgspec.json.Decoder(list[ApiFailure])
 PAPER_RECORD = msgspec.json.Decoder(PaperRecord)

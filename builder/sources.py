@@ -3,6 +3,10 @@
 The folder follows the original scripts' input layout, `{D}/normal/<stem>.jpg` (sources of add tasks) and
 `{D}/{Disease}/<stem>.jpg` (sources of remove tasks), or is any tree holding files named by source id.
 Lookup order: the run's recorded `source_path`, then the input layout, then a unique file stem anywhere.
+
+Only files inside the folder are read: the walk does not enter linked folders, and a file found (a symlink, say)
+goes through `layout.inside` before it is read; its bytes must be a JPEG or PNG image. Either failure is a
+`safety.Refused` naming the file and the task it was looked up for.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 from pathlib import Path
 
 from .runs import IMAGE_SUFFIXES
+from .safety import Confined, inside
 
 
 class SourceIndex:
@@ -19,32 +24,45 @@ class SourceIndex:
         if not self.root.is_dir():
             raise FileNotFoundError(f"source images folder not found: {self.root}")
         self._by_stem: dict[str, list[str]] = {}
-        for folder, _dirs, files in os.walk(self.root):
+        for folder, _dirs, files in os.walk(self.root):  # followlinks=False: a linked folder is not entered
             for name in files:
                 stem, suffix = os.path.splitext(name)
                 if suffix.lower() in IMAGE_SUFFIXES:
                     rel = os.path.relpath(os.path.join(folder, name), self.root).replace(os.sep, "/")
                     self._by_stem.setdefault(stem, []).append(rel)
+        self._confined = Confined()
 
     def find(self, dataset: str | None, task: str | None, disease: str | None, source_id: str,
              source_path: str | None = None) -> Path | None:
-        """The source image file of a task, or None when this folder does not have it."""
+        """The source image file of a task, or None when this folder does not have it. Raises `safety.Refused`
+        when the file found leads outside the folder."""
+        rel = self._find(dataset, task, disease, source_id, source_path)
+        if rel is None:
+            return None
+        return inside(self.root, rel, _looked_up(dataset, task, disease, source_id))
+
+    def image_value(self, dataset: str | None, task: str | None, disease: str | None, source_id: str,
+                    source_path: str | None = None) -> dict | None:
+        """`{"bytes", "path"}` for a datasets Image column: the file's bytes as they are, or None. Raises
+        `safety.Refused` when the file leads outside the folder or is not a JPEG or PNG image."""
+        rel = self._find(dataset, task, disease, source_id, source_path)
+        if rel is None:
+            return None
+        return self._confined.read_image(self.root, rel, lambda: _looked_up(dataset, task, disease, source_id))
+
+    def _find(self, dataset, task, disease, source_id, source_path) -> str | None:
         candidates = self._by_stem.get(source_id, [])
         if source_path and source_path in candidates:
-            return self.root / source_path
+            return source_path
         class_dir = "normal" if task == "add" else disease
         for rel in candidates:
             parts = rel.split("/")
             if len(parts) >= 2 and parts[-2] == class_dir and (dataset is None or dataset in parts[:-2]):
-                return self.root / rel
+                return rel
         if len(candidates) == 1:
-            return self.root / candidates[0]
+            return candidates[0]
         return None
 
-    def image_value(self, dataset: str | None, task: str | None, disease: str | None, source_id: str,
-                    source_path: str | None = None) -> dict | None:
-        """`{"bytes", "path"}` for a datasets Image column: the file's bytes as they are, or None."""
-        path = self.find(dataset, task, disease, source_id, source_path)
-        if path is None:
-            return None
-        return {"bytes": path.read_bytes(), "path": path.relative_to(self.root).as_posix()}
+
+def _looked_up(dataset, task, disease, source_id) -> str:
+    return f"the source images lookup for {dataset}/{task}/{source_id} ({disease})"

@@ -42,6 +42,16 @@ class BuildStats:
     missing_image_examples: list = field(default_factory=list)
     sources_attached: int = 0
     sources_missing: int = 0
+    # inputs refused and left out under `--unsafe skip` (under `error` the first one stops the build)
+    refused: Counter = field(default_factory=Counter)  # kind (safety.OUTSIDE, ...) -> refusals
+    refusals: list = field(default_factory=list)  # every refusal's message: the file, who named it, why
+    refused_tasks: int = 0  # tasks left out (a refused folder or JSON file leaves out what it held, uncounted)
+
+    def add_refusal(self, exc, task_left_out: bool = True) -> None:
+        """Record a `safety.Refused` whose input is left out."""
+        self.refused[exc.kind] += 1
+        self.refusals.append(str(exc))
+        self.refused_tasks += task_left_out
 
     def add_task(self, task: TaskRecord, images: dict, source_found: bool | None) -> None:
         modality = task.modality or "unknown"
@@ -99,6 +109,8 @@ class BuildStats:
             mine = getattr(self, name)
             if isinstance(mine, Counter):
                 mine.update(value)
+            elif name == "refusals":  # listed in full: a left-out input is never silent
+                mine.extend(value)
             elif isinstance(mine, list):
                 mine.extend(value[: max(0, MISSING_EXAMPLES - len(mine))])
             else:
@@ -145,6 +157,8 @@ class BuildStats:
             "image_files_read": self.image_files_read, "image_bytes_read": self.image_bytes_read,
             "missing_images": self.missing_images, "missing_image_examples": self.missing_image_examples,
             "sources_attached": self.sources_attached, "sources_missing": self.sources_missing,
+            "refused": {"count": len(self.refusals), "tasks_left_out": self.refused_tasks,
+                        "by_reason": dict(sorted(self.refused.items())), "items": sorted(self.refusals)},
         }
 
 

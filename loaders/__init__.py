@@ -28,6 +28,8 @@ def attach_sources(ds, source_dir: str | Path, *, strict: bool = False):
     `source_dir` follows the original input layout (`{D}/normal/<stem>.jpg`, `{D}/{Disease}/<stem>.jpg`) or is any
     tree of files named by source id. The files' bytes go in as they are. Rows without a match keep a null
     `source_image`, or raise a ValueError when `strict`. Other columns, images included, are not touched.
+    Only files inside `source_dir` are read (a symlink leading out of it is refused) and only JPEG or PNG images
+    are attached: either refusal raises `medbanana.builder.safety.Refused` (a ValueError) naming the file.
     """
     if isinstance(ds, dict):  # DatasetDict / IterableDatasetDict
         return type(ds)({split: attach_sources(part, source_dir, strict=strict) for split, part in ds.items()})

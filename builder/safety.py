@@ -1,0 +1,171 @@
+"""What `medbanana build` refuses to read or embed, and how a refusal is told.
+
+Every path named by data (run JSON, a records file, an image-only folder's listing, a source lookup) goes through
+`generation.layout.inside`, the one containment rule; every image file must be a JPEG or PNG whose header Pillow
+reads before its bytes go into parquet. A refusal is a `Refused` (a ValueError) whose message names the file, what
+named it (JSON file, entry, round) and the reason; the build's `--unsafe` policy decides whether it stops the build
+or leaves the task out and lists the refusal in the build's statistics.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+from pathlib import Path
+
+from ..generation import layout
+
+POLICIES = ("error", "skip")
+OUTSIDE = "outside its root"  # kinds of refusal, as counted in the build's statistics
+NOT_IMAGE = "not an image"
+MALFORMED = "malformed entry"
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", None)  # None on Windows: every file then goes through layout.inside
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)  # a FIFO must not block
+_SYMLINK_ERRNOS = {errno.ELOOP, errno.EMLINK}  # what open(O_NOFOLLOW) gives on a symlink (Linux/macOS, BSD)
+
+
+class Refused(ValueError):
+    """An input the build will not use. The message names the file, what named it, and why."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self):  # travels from build workers to the parent
+        return Refused, (str(self), self.kind)
+
+
+def handle(exc: Refused, refused) -> None:
+    """Raise `exc` (policy `error`: `refused` is None) or hand it to `refused` to be recorded (policy `skip`)."""
+    if refused is None:
+        raise exc
+    refused(exc)
+
+
+def inside(root: Path, relative: str, named_by: str) -> Path:
+    """`layout.inside`, with its UnsafePath told as a refusal."""
+    try:
+        return layout.inside(root, relative, named_by=named_by)
+    except layout.UnsafePath as exc:
+        raise Refused(str(exc), OUTSIDE) from None
+
+
+class Confined:
+    """Paths and reads under roots, each through `layout.inside`.
+
+    Resolving a path costs ~60 µs and a run has hundreds of thousands of images in a few dozen folders: the rule
+    is applied once per folder (cached for this object's life, one unit or one source folder), and to the whole
+    path whenever the file itself is a symlink (opening it with O_NOFOLLOW tells) or its name is `.`/`..`.
+    """
+
+    def __init__(self):
+        self._folders: dict[tuple[Path, str], Path | None] = {}
+
+    def path(self, root: Path, relative: str, named_by) -> Path:
+        """The path with its folder resolved, required inside `root`; the file itself may still be a symlink.
+        `named_by`: a text, or a function giving it (built only for a refusal)."""
+        real = self._folder(root, relative)
+        if real is None:
+            return inside(root, relative, _text(named_by))
+        return real / relative.rpartition("/")[2]
+
+    def check(self, root: Path, relative: str, named_by) -> None:
+        """Raise Refused unless `relative` stays inside `root`, for a path that is recorded, not read (a read
+        checks the file itself too)."""
+        if self._folder(root, relative) is None:
+            inside(root, relative, _text(named_by))
+
+    def _folder(self, root: Path, relative: str) -> Path | None:
+        """The resolved folder of `relative` when it is inside `root` and the file's name is an ordinary one;
+        None when the whole path must go through the rule."""
+        folder, _, leaf = relative.rpartition("/")
+        if not folder or leaf in ("", ".", "..") or "\x00" in leaf:
+            return None
+        key = (root, folder)
+        real = self._folders.get(key, key)
+        if real is key:
+            try:
+                real = layout.inside(root, folder)
+            except layout.UnsafePath:
+                real = None
+            self._folders[key] = real
+        return real
+
+    def read(self, root: Path, relative: str, named_by) -> bytes | None:
+        """The bytes of a regular file inside `root`, or None when there is none at that path."""
+        path = self.path(root, relative, named_by)
+        try:
+            fd = _open(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            if exc.errno not in _SYMLINK_ERRNOS:
+                raise
+            fd = None
+        if fd is None:  # a symlink: followed only when its target is inside the root too
+            try:
+                fd = os.open(inside(root, relative, _text(named_by)), _OPEN_FLAGS)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None  # a folder or a device named like an image: as good as missing
+            return fh.read()
+
+    def read_image(self, root: Path, relative: str, named_by) -> dict | None:
+        """`{"bytes", "path"}` for an Image column, the bytes as they are; None when the file is missing.
+        Raises Refused when the path leads outside `root` or the bytes are not a JPEG or PNG image."""
+        data = self.read(root, relative, named_by)
+        if data is None:
+            return None
+        problem = image_problem(data)
+        if problem:
+            raise Refused(f"{Path(root) / relative} (named by {_text(named_by)}): not an image: {problem}", NOT_IMAGE)
+        return {"bytes": data, "path": relative}
+
+
+def _text(named_by) -> str:
+    return named_by() if callable(named_by) else named_by
+
+
+def _open(path: Path) -> int:
+    if _NOFOLLOW is None:
+        raise OSError(errno.ELOOP, "no O_NOFOLLOW here: resolve every path")
+    return os.open(path, _OPEN_FLAGS | _NOFOLLOW)
+
+
+def image_problem(data: bytes) -> str | None:
+    """Why `data` is not a complete JPEG or PNG image, or None when it is one.
+
+    Magic bytes, then Pillow reads the header (size and format); PNG chunks are checked up to IEND by
+    `verify()`, a JPEG must end with its end-of-image marker (Pillow's JPEG `verify()` reads nothing, and a
+    truncated JPEG's header reads fine). Pixels are not decoded: that would cost more than the build itself.
+    """
+    if not data:
+        return "an empty file"
+    if data.startswith(JPEG_MAGIC):
+        kind = "JPEG"
+    elif data.startswith(PNG_MAGIC):
+        kind = "PNG"
+    else:
+        return "it does not start with a JPEG or PNG signature"
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data), formats=[kind]) as image:
+            width, height = image.size
+            if kind == "PNG":
+                image.verify()
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds on bad input (OSError, SyntaxError,
+        # DecompressionBombError, struct.error, ...): each means the same here
+        return f"Pillow cannot read it as {kind} ({exc.__class__.__name__}: {exc})"
+    if width < 1 or height < 1:
+        return f"a {kind} of {width}x{height} pixels"
+    if kind == "JPEG" and not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
+        return "a truncated JPEG (no end-of-image marker)"
+    return None
