@@ -14,7 +14,10 @@ has_disease (instruction compliance, 40 %)
           >= 60 % of the change in the region goes the finding's way.
   remove  the lesion evidence (deviation from the healthy reference: the mirrored other side for one-sided
           brain and lung findings, else a smooth background that ignores the lesion; lesions.healthy_rgb) over
-          the lesion found in the ORIGINAL: has_disease stays true while it is >= EVIDENCE_MIN = 2.0 x clutter.
+          the lesion found in the ORIGINAL, measured in the original and in the edit. A removal is confirmed
+          only for a lesion the judge can see in the original (found, evidence >= EVIDENCE_MIN = 2.0 x
+          clutter); otherwise has_disease stays true ("could not be found in the source"). has_disease stays
+          true while the edit's evidence is >= EVIDENCE_MIN or more than REDUCTION_MAX = 0.5 of the original's.
 structure_reasonable (25 %)
   - >= 85 % of the change energy inside the anatomy where the finding occurs (thorax, skull, fundus);
   - the change covers at most the target's `max_share` of its region (+ 0.05);
@@ -38,7 +41,8 @@ fidelity_preserved (15 %)
 
 qualified = all four pass for the task's direction; score = records.rubric_score. The reason names what failed
 in words the refiner reads ("too subtle", "still visible", "hard edges", "grain mismatch", "spills outside",
-"global intensity shift", "saturates", "implausible density", "outside the anatomy", "erased", ...).
+"global intensity shift", "saturates", "implausible density", "outside the anatomy", "erased", "could not be
+found", ...).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Thresholds:
     change_floor: float = 4.0
     direction_share: float = 0.6
     evidence_min: float = 2.0
+    reduction_max: float = 0.5
     envelope_share: float = 0.85
     structure_kept_min: float = 0.35
     core_change_max: float = 15.0
@@ -239,8 +244,10 @@ class PixelJudge(Judge):
             after = evidence_map(le, spec, background)
             remainder = np.abs(blur(le, 1.0) - background)  # either way: leftovers and overshoots alike
             beyond = region & ~repair_area(found, spec, 1.6)
-            m.update(lesion_pixels=int(found.sum()),
-                     evidence_before=round(float(before[found].mean()) / level, 2) if found.any() else 0.0,
+            evidence_before = round(float(before[found].mean()) / level, 2) if found.any() else 0.0
+            m.update(lesion_pixels=int(found.sum()), evidence_before=evidence_before,
+                     # No removal can be confirmed for a lesion the judge cannot see in the original.
+                     lesion_in_source=bool(found.any()) and evidence_before >= t.evidence_min,
                      evidence_after=round(float(after[found].mean()) / level, 2) if found.any() else 0.0,
                      mismatch_after=round(float(remainder[found].mean()) / level, 2) if found.any() else 0.0,
                      change_beyond_lesion=round(float(np.percentile(np.abs(smooth[beyond]), 99)), 2)
@@ -315,8 +322,12 @@ class PixelJudge(Judge):
                 problems["compliance"].append(f"change too subtle in the {place} (contrast-to-noise {m['cnr']})")
             has_disease = not problems["compliance"]
         else:
-            has_disease = m["evidence_after"] >= t.evidence_min
-            if has_disease:
+            has_disease = scores.lesion_left(m, t)
+            if not m["lesion_in_source"]:
+                problems["compliance"].append(f"{finding} could not be found in the {place} of the source, so "
+                                              "its removal cannot be confirmed (evidence "
+                                              f"{m['evidence_before']})")
+            elif has_disease:
                 problems["compliance"].append(f"{finding} still visible in the {place} "
                                               f"(evidence {m['evidence_after']} of {m['evidence_before']})")
         if m["envelope_share"] < t.envelope_share:
@@ -361,9 +372,7 @@ class PixelJudge(Judge):
         ok = {k: not v for k, v in problems.items()}
         qualified = compliant and ok["structure"] and ok["realism"] and ok["fidelity"]
         failed = [p for group in problems.values() for p in group]
-        if qualified and task.direction == "remove" and not m["lesion_pixels"]:
-            reason = f"No sign of {finding} in the {place}, before or after the edit; the rest is preserved."
-        elif qualified:
+        if qualified:
             done = "visible" if task.direction == "add" else "removed"
             reason = (f"{finding[0].upper() + finding[1:]} {done} in the {place}; anatomy, texture and the rest "
                       "of the image are preserved.")

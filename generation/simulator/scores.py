@@ -9,7 +9,9 @@ less in proportion, and each score rises monotonically with each of its measurem
 editing_accuracy (instruction compliance)
   add     ramp of min(cnr / CNR_MIN, mean change / change floor) x min(1, core area / min_area)
           x min(1, direction share / its minimum); an unchanged image scores 0.
-  remove  ramp of EVIDENCE_MIN / lesion evidence left (no evidence left, or none to begin with: 10).
+  remove  ramp of the lesion evidence left against the nearer of its two limits (EVIDENCE_MIN and REDUCTION_MAX
+          x the original's evidence; none left: 10); a lesion the judge cannot see in the original scores 0,
+          since its removal cannot be confirmed.
 visual_quality (structural plausibility 25, realism 20, as in the rubric)
   structure  the lowest ramp of: share of the change inside the anatomy (its complement against 0.15), extent
              (changed share against max_share + 0.05), edge energy kept (against 0.35), newly saturated share
@@ -52,6 +54,14 @@ def _log_band(ratio: float, low: float, high: float) -> float:
     return math.log(high) / distance if distance > 0 else math.log(low) / distance
 
 
+def lesion_left(m: dict, t) -> bool:
+    """Whether a removal leaves the finding in place (measurements `m` of a removal): it was never seen in the
+    original (so its removal cannot be confirmed), or the edit still shows it clearly or barely reduced."""
+    if not m["lesion_in_source"]:
+        return True
+    return m["evidence_after"] >= t.evidence_min or m["evidence_after"] > t.reduction_max * m["evidence_before"]
+
+
 def editing_accuracy(m: dict, direction: str, t) -> float:
     if direction == "add":
         if not m["changed_pixels"]:
@@ -59,7 +69,9 @@ def editing_accuracy(m: dict, direction: str, t) -> float:
         strength = min(m["cnr"] / t.cnr_min, m["mean_change"] / t.change_floor)
         return ramp(strength * min(1.0, m["changed_pixels"] / m["min_area"])
                     * min(1.0, m["direction_share"] / t.direction_share))
-    return ramp(_below(m["evidence_after"], t.evidence_min))
+    if not m["lesion_in_source"]:
+        return 0.0
+    return ramp(_below(m["evidence_after"], min(t.evidence_min, t.reduction_max * m["evidence_before"])))
 
 
 def structure(m: dict, direction: str, modality: str, t) -> float:
@@ -71,7 +83,7 @@ def structure(m: dict, direction: str, modality: str, t) -> float:
         margins.append(_below(m["lesion_peak"] - m["tissue_ceiling"], t.brightness_margin))
     if direction == "remove":
         margins += [_below(m["core_change"], t.core_change_max), _below(m["repair_edges"], t.repair_edges_max)]
-        if m["evidence_after"] < t.evidence_min:  # a repair to judge only once the lesion is gone (as the verdict)
+        if not lesion_left(m, t):  # a repair to judge only once the lesion is gone (as the verdict)
             margins.append(_below(m["mismatch_after"], t.mismatch_max))
         if modality != "fundus" and m["lesion_pixels"]:
             margins.append(m["repair_edges"] / t.repair_edges_min)
