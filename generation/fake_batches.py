@@ -8,7 +8,9 @@
 A job runs in a background thread, request by request, through `FakeGemini.generate_content` (same roles, faults
 and engine; no per-call latency). It reports RUNNING until its work is done and `seconds` have passed, and while
 it is held (`hold(first=k)` holds the k-th job created and every later one until `release()`), which lets a test
-stop a client in the middle of a batch.
+stop a client in the middle of a batch. `garble(how)` makes status answers malformed, as a broken proxy or an
+incompatible endpoint might: "json" (a torn body), "state" (a state the API does not have), "fields" (no
+metadata: no state at all), "output" (SUCCEEDED without its results).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 _STATE = {"running": "BATCH_STATE_RUNNING", "succeeded": "BATCH_STATE_SUCCEEDED", "failed": "BATCH_STATE_FAILED"}
+GARBLES = ("json", "state", "fields", "output")
 
 
 @dataclass
@@ -47,6 +50,8 @@ class FakeBatches:
         self._upload_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._hold_from: int | None = None
+        self._garble: str = ""
+        self._garble_left: int | None = None  # polls still to garble; None: every one
 
     def hold(self, first: int = 1) -> None:
         """Keep the `first`-th job created (counting from 1) and every later one RUNNING until `release()`;
@@ -55,6 +60,12 @@ class FakeBatches:
 
     def release(self) -> None:
         self._hold_from = None
+
+    def garble(self, how: str, first: int | None = None) -> None:
+        """Answer the next `first` status polls (default: every one) malformed, in one of the GARBLES ways."""
+        if how not in GARBLES:
+            raise ValueError(f"garble must be one of {', '.join(GARBLES)}, not {how!r}")
+        self._garble, self._garble_left = how, first
 
     def created(self) -> list[FakeJob]:
         with self._lock:
@@ -83,13 +94,27 @@ class FakeBatches:
         threading.Thread(target=self._work, args=(job, api_key), name=f"fake-{name}", daemon=True).start()
         return 200, self._describe(job), {}
 
-    def get(self, batch_id: str, **_) -> tuple[int, dict, dict]:
+    def get(self, batch_id: str, **_) -> tuple[int, dict | bytes, dict]:
         job = self.jobs.get(f"batches/{batch_id}")
         if job is None:
             return self.fake.error(404, f"no batch batches/{batch_id}")
         with self._lock:
             self.polls[job.name] += 1
-        return 200, self._describe(job), {}
+            how = self._garble if self._garble_left is None or self._garble_left > 0 else ""
+            if how and self._garble_left is not None:
+                self._garble_left -= 1
+        answer = self._describe(job)
+        if how == "json":
+            return 200, json.dumps(answer).encode()[:40], {"Content-Type": "application/json"}
+        if how == "state":
+            answer["metadata"]["state"] = "BATCH_STATE_WIBBLING"
+        elif how == "fields":
+            answer = {"name": job.name}
+        elif how == "output":
+            answer["metadata"].update(state=_STATE["succeeded"])
+            answer["metadata"].pop("output", None)
+            answer["done"] = True
+        return 200, answer, {}
 
     def _describe(self, job: FakeJob) -> dict:
         held = self._hold_from is not None and job.number >= self._hold_from

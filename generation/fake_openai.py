@@ -5,7 +5,8 @@ other the writer; the task is read from medbanana's prompts (as in fake_gemini.p
 simulator's writer and judge, so instructions and verdicts are real. Faults reuse fake_faults.py's kinds
 ("429", "500", "503", "invalid_argument", "safety", "malformed_json", "truncated_json"); `structured_output=False`
 makes it reject `response_format` with a 400, as servers without JSON mode do; `think=True` wraps answers in
-<think> blocks, as reasoning models served without a reasoning parser do.
+<think> blocks, as reasoning models served without a reasoning parser do. `latency` holds every answer that many
+seconds, so that concurrent requests are in flight together.
 
     with FakeOpenAI(faults=["429:first=1,retry_after=0.5"]) as fake: ... base_url=fake.base_url ...
 """
@@ -41,11 +42,12 @@ class Call:
 class FakeOpenAI:
     """The server plus its state: faults, the call log, and the simulator backends doing the work."""
 
-    def __init__(self, *, faults=(), structured_output: bool = True, think: bool = False, host: str = "127.0.0.1",
-                 port: int = 0):
+    def __init__(self, *, faults=(), structured_output: bool = True, think: bool = False, latency: float = 0.0,
+                 host: str = "127.0.0.1", port: int = 0):
         self.faults = parse_faults(faults)
         self.structured_output = structured_output
         self.think = think
+        self.latency = latency
         self.host, self.port = host, port
         self.writer = backends.create("writer", "simulator")
         self.judge = backends.create("judge", "simulator")
@@ -78,10 +80,10 @@ class FakeOpenAI:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def reset(self, faults=(), *, structured_output: bool = True, think: bool = False) -> None:
+    def reset(self, faults=(), *, structured_output: bool = True, think: bool = False, latency: float = 0.0) -> None:
         with self._lock:
             self.faults, self.calls = parse_faults(faults), []
-            self.structured_output, self.think = structured_output, think
+            self.structured_output, self.think, self.latency = structured_output, think, latency
 
     def count(self, role: str | None = None) -> int:
         with self._lock:
@@ -96,6 +98,8 @@ class FakeOpenAI:
             fault = next((f for f in self.faults if f.applies(role) and f.strike()), None)
             self.calls.append(Call(role, request.get("model", ""), fault.kind if fault else "", authorization,
                                    response_format))
+        if self.latency:  # each request has its own thread: the held answers overlap
+            time.sleep(self.latency)
         kind = fault.kind if fault else ""
         if kind in ("429", "500", "503"):
             headers = {"Retry-After": f"{fault.retry_after:g}"} if kind == "429" else {}

@@ -258,7 +258,8 @@ class OpenAIJudge(_OpenAIBackend, Judge):
     """Original and edited image plus the instruction in; a verdict out (the Gemini judge's prompt and schema).
 
     structured_output: "json_schema" (default), "json_object" or "none". A server that rejects the format with
-    HTTP 400 is asked again without it, and not asked for it again by this judge. Instruction compliance is
+    HTTP 400 is asked again without it, and not asked for it again by this judge; requests that were already in
+    flight with it when the first 400 came are each asked again once too. Instruction compliance is
     enforced as in GeminiJudge: the model's own `qualified` is kept in details.
     """
 
@@ -273,18 +274,20 @@ class OpenAIJudge(_OpenAIBackend, Judge):
         content = [text_part("ORIGINAL image:"), image_part(source.data, source.mime_type),
                    text_part("EDITED image:"), image_part(edited.data, edited.mime_type),
                    text_part(judge_prompt(task, instruction))]
-        fallback = ""
+        # The format this request goes out with: other tasks' requests are in flight too, and the first 400 among
+        # them turns the format off for later ones, but must not leave these without their plain-text retry.
+        asked_for, fallback = self.response_format, ""
         try:
-            answer = await self._ask(content, parse_verdict_tolerant, "verdict", self.response_format)
+            answer = await self._ask(content, parse_verdict_tolerant, "verdict", asked_for)
         except APIError as exc:
-            if exc.kind != "invalid_argument" or self.response_format is None:
+            if exc.kind != "invalid_argument" or asked_for is None:
                 raise
             fallback = f"response_format rejected ({str(exc)[:200]}); parsed from plain text"
-            self.response_format = None
+            self.response_format = asked_for = None
             answer = await self._ask(content, parse_verdict_tolerant, "verdict")
         ans, thinking, usage, tries = answer
         details = {"prompt": load_prompt("judge").tag, "model_qualified": ans.qualified, "tries": tries,
-                   "structured_output": (self.response_format or {}).get("type", "none")}
+                   "structured_output": (asked_for or {}).get("type", "none")}
         if fallback:
             details["structured_output_fallback"] = fallback
         return verdict_from_answer(ans, task, thinking=thinking, model=self.model, usage=usage, details=details)
