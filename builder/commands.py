@@ -20,10 +20,12 @@ def register(subparsers) -> None:
     build.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                        help="run directory, one {D}-edit / {D}-remove folder, or a .jsonl of §5.2 records")
     build.add_argument("--out", required=True, type=Path, metavar="DIR",
-                       help="output folder (new, empty, or an earlier build, which is replaced when done)")
+                       help="output folder: new, empty, or an earlier build, which is replaced when done (only the "
+                            "files builds write; anything else in it, or an input run inside it, is refused)")
     build.add_argument("--source-images", type=Path, metavar="DIR",
                        help="folder of source images ({D}/normal/<stem>.jpg, {D}/{Disease}/<stem>.jpg) to embed as "
-                            "source_image; by default sources are not included (they are often not redistributable)")
+                            "source_image; by default sources are not included (they are often not redistributable). "
+                            "A folder holding none of the tasks' sources is an error; a partial match is counted")
     build.add_argument("--test-fraction", type=float, default=0.0, metavar="F",
                        help="put about this fraction of source images (and all their tasks) in a `test` split "
                             "(default 0: train only)")
@@ -43,12 +45,22 @@ def register(subparsers) -> None:
 
     upload = subparsers.add_parser(
         "upload", help="upload a built dataset folder to the Hugging Face Hub",
-        description="Check the folder's SHA256SUMS, create the dataset repository if needed and upload the folder "
-                    "in one commit with huggingface_hub (the same as `hf upload REPO_ID DIR . --repo-type "
-                    "dataset`). The token comes from HF_TOKEN or `hf auth login`; HF_ENDPOINT selects the server.")
+        description="Check the folder's SHA256SUMS, create the dataset repository if needed and publish the folder "
+                    "with huggingface_hub: the data files that differ from the repository's first (possibly in "
+                    "several commits), then README.md, medbanana-build.json and SHA256SUMS in one final commit that "
+                    "also deletes the repository's files of this dataset the manifest no longer lists (*.parquet "
+                    "under the config folders, figure3.png); other files in the repository are kept. An "
+                    "interrupted upload leaves the previous card in place; run it again to resume. Nothing is sent "
+                    "when the repository already holds exactly these files. The token comes from HF_TOKEN or `hf "
+                    "auth login`; HF_ENDPOINT selects the server.")
     upload.add_argument("folder", type=Path, metavar="DIR", help="a folder made by `medbanana build`")
     upload.add_argument("repo_id", metavar="REPO_ID", help="dataset repository, e.g. my-org/medbanana-50k")
-    upload.add_argument("--private", action="store_true", help="create the repository as private")
+    visibility = upload.add_mutually_exclusive_group()
+    visibility.add_argument("--private", dest="private", action="store_const", const=True,
+                            help="create the repository as private (default: the account's or organisation's "
+                                 "default visibility; an existing repository keeps its visibility)")
+    visibility.add_argument("--public", dest="private", action="store_const", const=False,
+                            help="create the repository as public (an existing repository keeps its visibility)")
     upload.add_argument("--revision", metavar="REV", help="branch to commit to (created if missing)")
     upload.set_defaults(func=run_upload)
 
@@ -75,6 +87,8 @@ def run_build(args) -> int:
         for config, splits in info["configs"].items():
             counts = ", ".join(f"{split} {v['rows']:,} rows in {len(v['files'])} file(s)" for split, v in splits.items())
             print(f"  {config:<14} {counts}")
+    _report_sources(info["sources"], args.quiet)
+    if not args.quiet:
         print(f"wrote {args.out.resolve()}")
     missing = info["stats"]["missing_images"]
     if missing:
@@ -89,16 +103,34 @@ def run_build(args) -> int:
     return 0
 
 
+def _report_sources(sources: dict | None, quiet: bool) -> None:
+    """--source-images' count, as the card and medbanana-build.json give it; a partial match is a warning."""
+    if sources is None:
+        return
+    matched, total = sources["matched"], sources["total"]
+    if matched < total:
+        print(f"warning: source images attached to {matched:,} of {total:,} tasks; the other {total - matched:,} "
+              f"have a null source_image (looked for e.g. {sources['missing_examples'][0]})", file=sys.stderr)
+    elif not quiet:
+        print(f"  source images attached to all {total:,} tasks")
+
+
 def run_upload(args) -> int:
     from ..generation.secrets import scrub
     from .upload import UploadError, upload
 
     try:
-        url = upload(args.folder, args.repo_id, private=args.private, revision=args.revision)
+        result = upload(args.folder, args.repo_id, private=args.private, revision=args.revision)
     except (UploadError, FileNotFoundError) as exc:  # refusals and network failures arrive as one UploadError line
         print(f"medbanana upload: error: {scrub(str(exc))}", file=sys.stderr)
         return 1
-    print(f"uploaded {args.folder} to {args.repo_id}: {url}")
+    if result.up_to_date:
+        print(f"nothing to upload: {args.repo_id} is up to date (it holds the {result.files} files of {args.folder})")
+        return 0
+    deleted = (f", deleted {len(result.deleted)} stale file(s) of an earlier build (e.g. {result.deleted[0]})"
+               if result.deleted else "")
+    print(f"uploaded {args.folder} to {args.repo_id}: sent {len(result.sent)} of {result.files} file(s){deleted}: "
+          f"{result.url}")
     return 0
 
 

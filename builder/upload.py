@@ -1,4 +1,19 @@
-"""Upload a built dataset folder to the Hugging Face Hub: `HfApi.upload_folder`, the path `hf upload` takes.
+"""Upload a built dataset folder to the Hugging Face Hub so that the repository is never half-published.
+
+The remote listing is compared with the folder's SHA256SUMS first: nothing differs, nothing is sent ("up to date").
+Otherwise the data files that differ (parquet shards, the figure) go first, with `HfApi.upload_folder`, which may
+split them into several commits; then one final commit holds the card and the manifest (README.md,
+medbanana-build.json, SHA256SUMS) and deletes this dataset's remote files the manifest no longer lists (stale
+shards that `sft/train-*.parquet` would still match). Until that commit lands, the previous card and manifest stay,
+and so does every file they name (a shard the new build writes under the same name is replaced by a data commit,
+since shard names are `<split>-<i>-of-<n>`); re-running the same command resumes an interrupted upload.
+
+Only files the build writes are ever deleted: `*.parquet` under the config folders (sft/, failed/, dpo_pairs/,
+conversations/, judge/) and the root files README.md, medbanana-build.json, SHA256SUMS, figure3.png. Anything else a
+user put in the repository (.gitattributes, notes, other folders, non-parquet files in a config folder) is kept.
+
+Visibility is sent only when asked for (`private=True`/`False`); `None` leaves a new repository to the account's or
+organisation's default, and an existing repository keeps its visibility either way.
 
 The endpoint comes from `HF_ENDPOINT` (default the Hub), the token from `HF_TOKEN` or the stored `hf auth login`;
 it is never printed: an endpoint may echo the request's headers in an error body, so every message is scrubbed
@@ -8,11 +23,21 @@ the endpoint and what to check. The folder's SHA256SUMS is checked first, so a d
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..generation.secrets import hold, scrub
-from .manifest import verify_manifest
+from . import CONFIG_NAMES
+from .manifest import MANIFEST, read_manifest, sha256_file, verify_manifest
+
+# Written last, in one commit: they name the data files, so they must never point at files not yet there.
+CARD_FILES = ("README.md", "medbanana-build.json", MANIFEST)
+# Root files the build writes (build.py, evaluation/stats.FIGURE): a remote one the build no longer has is stale.
+_BUILD_ROOT_FILES = {*CARD_FILES, "figure3.png"}
+_RESUME = "; the repository's card is unchanged until the last commit: run the same command again to resume"
 
 # Exception modules of the HTTP stacks huggingface_hub may use: their errors mean the endpoint was not reached.
 _NETWORK_MODULES = {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3", "ssl", "socket"}
@@ -25,33 +50,112 @@ class UploadError(Exception):
     """The folder cannot be uploaded as it is, or the Hub refused it or could not be reached."""
 
 
-def upload(folder: Path, repo_id: str, *, private: bool = False, revision: str | None = None,
-           commit_message: str | None = None) -> str:
-    """Create the dataset repo if needed and upload the folder in one commit; returns the commit URL."""
-    from huggingface_hub import HfApi, get_token
+@dataclass
+class UploadResult:
+    url: str  # the final commit, or the repository when nothing was sent
+    files: int  # files in the folder
+    sent: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    @property
+    def up_to_date(self) -> bool:
+        return not (self.sent or self.deleted)
+
+
+def built_by_medbanana(path: str) -> bool:
+    """A repository path the build writes: the only kind `upload` may delete."""
+    top, _, rest = path.partition("/")
+    return path in _BUILD_ROOT_FILES or (top in CONFIG_NAMES and rest.endswith(".parquet"))
+
+
+def plan(local: dict[str, tuple[str, Path]], remote: dict[str, tuple[str | None, str]]
+         ) -> tuple[list[str], list[str]]:
+    """(local paths the remote lacks or holds different, remote files of this dataset no longer built).
+
+    `local`: path -> (sha256, file); `remote`: path -> (LFS sha256 or None, git blob id). LFS files are compared by
+    sha256 (from the manifest, no read), regular ones by git blob id, as the Hub's listing gives them.
+    """
+    changed = []
+    for path, (sha256, file) in local.items():
+        lfs_sha256, blob_id = remote.get(path, (None, None))
+        same = lfs_sha256 == sha256 if lfs_sha256 else blob_id is not None and blob_id == _git_blob_id(file)
+        if not same:
+            changed.append(path)
+    stale = sorted(p for p in remote if p not in local and built_by_medbanana(p))
+    return changed, stale
+
+
+def upload(folder: Path, repo_id: str, *, private: bool | None = None, revision: str | None = None,
+           commit_message: str | None = None) -> UploadResult:
+    """Create the dataset repo if needed and publish the folder: data first, card and manifest last."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_token
 
     folder = Path(folder)
     report = verify_manifest(folder)
     if not report.ok:
         raise UploadError(f"{folder} does not match its manifest, rebuild it before uploading: {report.describe()}")
+    local = dict(read_manifest(folder))
+    local[MANIFEST] = (sha256_file(folder / MANIFEST), folder / MANIFEST)
     hold(get_token())  # a token from `hf auth login` is in no variable: scrub must know it all the same
     api = HfApi(endpoint=os.environ.get("HF_ENDPOINT"))  # read now: huggingface_hub reads it once, at import
-    step = f"creating the dataset repository {repo_id}"
+    message = commit_message or f"Upload {folder.name} (medbanana build)"
+    step, resume = f"creating the dataset repository {repo_id}", ""
     try:
-        api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+        repo_url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
         if revision:
             step = f"creating the branch {revision}"
             api.create_branch(repo_id, repo_type="dataset", branch=revision, exist_ok=True)
-        step = f"uploading {folder.name}"
-        commit = api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="dataset", revision=revision,
-                                   commit_message=commit_message or f"Upload {folder.name} (medbanana build)",
-                                   ignore_patterns=[".*", "**/.*"])
+        step = f"listing the files of {repo_id}"
+        changed, stale = plan(local, _remote_files(api, repo_id, revision))
+        result = UploadResult(url=str(repo_url), files=len(local), sent=changed, deleted=stale)
+        resume = _RESUME
+        data = [p for p in changed if p not in CARD_FILES]
+        if data:
+            step = f"uploading {len(data)} data file(s) of {folder.name}"
+            commit = api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="dataset", revision=revision,
+                                       commit_message=f"{message}: data",
+                                       allow_patterns=[glob.escape(p) for p in data])
+            result.url = commit.commit_url
+        card = [p for p in changed if p in CARD_FILES]
+        if card or stale:
+            step = f"committing the card and manifest of {folder.name}"
+            operations = ([CommitOperationAdd(path_in_repo=p, path_or_fileobj=folder / p) for p in card] +
+                          [CommitOperationDelete(path_in_repo=p) for p in stale])
+            commit = api.create_commit(repo_id, operations, repo_type="dataset", revision=revision,
+                                       commit_message=f"{message}: card and manifest" +
+                                                      (f", {len(stale)} stale file(s) deleted" if stale else ""))
+            result.url = commit.commit_url
     except Exception as exc:  # a refusal or a network failure becomes one line; anything else is a bug, re-raised
         failure = hub_failure(exc, step, api.endpoint, repo_id)
         if failure is None:
             raise
-        raise failure from None
-    return commit.commit_url
+        raise UploadError(f"{failure}{resume}") from None
+    return result
+
+
+def _remote_files(api, repo_id: str, revision: str | None) -> dict[str, tuple[str | None, str]]:
+    """path -> (LFS sha256 or None, git blob id) of every file at the revision."""
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.hf_api import RepoFile
+
+    try:
+        return {item.path: (item.lfs.sha256 if item.lfs else None, item.blob_id)
+                for item in api.list_repo_tree(repo_id, repo_type="dataset", revision=revision, recursive=True)
+                if isinstance(item, RepoFile)}
+    except HfHubHTTPError as exc:
+        # the repository exists (it was just created or found): a revision with no commit yet has no tree
+        if isinstance(exc, RepositoryNotFoundError) or exc.response is None or exc.response.status_code != 404:
+            raise
+        return {}
+
+
+def _git_blob_id(path: Path) -> str:
+    """`git hash-object`: the id the Hub lists for a regular (non-LFS) file."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as fh:
+        while chunk := fh.read(2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def hub_failure(exc: BaseException, step: str, endpoint: str, repo_id: str) -> UploadError | None:
