@@ -54,7 +54,11 @@ def cmd_generate(args) -> int:
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
     sources, out = args.sources, args.out
-    if args.retry_failed:
+    if args.retry_failed:  # the run's recorded selection is used, and checked against any given (pipeline.py)
+        if out is not None and Path(out).resolve() != Path(args.retry_failed).resolve():
+            print(f"medbanana generate: --retry-failed writes into {args.retry_failed}; leave out --out {out}",
+                  file=sys.stderr)
+            return 2
         out = args.retry_failed
         if sources is None:
             sources = Path(run_config(out)["sources_root"])
@@ -87,7 +91,9 @@ def cmd_generate(args) -> int:
                        options=options, limit=args.limit,
                        batch={"poll_interval": args.poll_interval} if args.batch else None)
     print(summary.format())
-    return 0
+    from .evaluation.failures import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
+
+    return generate_exit_code(summary)
 
 
 def cmd_merge(args) -> int:
@@ -203,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write each edit's attention heat map as a PNG overlay under DIR (implies "
                         "--diffusers-attention)")
     p.add_argument("--retry-failed", type=Path, metavar="RUN_DIR",
-                   help="re-run the tasks of RUN_DIR that ended with an API error (sources from its config)")
+                   help="re-run the tasks of RUN_DIR that ended with an API error, with the selection (diseases, "
+                        "modalities, directions, shard, limit) and sources its medbanana-run.json records; "
+                        "other selection options are refused")
     p.add_argument("--shard", type=_shard, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="processes making the calls, sharing --concurrency, --rpm and --tpm (default 1). Worth it "
@@ -248,8 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .generation.lock import EXIT_LOCKED, LockHeld
+
     try:
         return args.func(args)
+    except LockHeld as exc:  # another process writes (or reads) that folder: not this command's fault
+        print(f"medbanana {args.command}: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         # user errors (unknown disease, bad layout, another run's folder): one clear line, non-zero exit
         from .generation.secrets import scrub  # a message may quote an endpoint's answer

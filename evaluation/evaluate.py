@@ -9,8 +9,11 @@ Output folder:
     report.md           the notes and the tables below, in markdown
     by_modality.{md,csv}, by_disease.{md,csv}, by_direction.{md,csv}
 
-A sample's ROI is its mask when given; else, with `derive_roi`, the task's target region located on the source
-(metrics.derived_roi); else none, and CP is the full-image SSIM. Each record says which (`roi`).
+A sample's ROI is its mask when given (any encoding: metrics.read_mask; the record says how it was read in
+`mask_read`); else, with `derive_roi`, the task's target region located on the source (metrics.derived_roi); else
+none, and CP is the full-image SSIM. Each record says which (`roi`). A sample whose CP is undefined records why
+(`cp_excluded`); the report and summary.json say how many the CP mean leaves out. In `medebench` CP mode every
+image is read as MedEBench reads it (metrics.decode_medebench: 16-bit clipped), else 16-bit is min-max scaled.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .failures import eval_reasons
 from .inputs import Sample, image_bytes, read_image
 from .judging import judge_record, scores_note
-from .metrics import LPIPSMetric, LPIPSUnavailable, derived_roi, mask_levels, pixel_metrics
+from .metrics import (CP_UNDEFINED, LPIPSMetric, LPIPSUnavailable, decode_medebench, derived_roi, pixel_metrics,
+                      read_mask)
 from .tables import Table, mean
 
 SAMPLES = "samples.jsonl"
@@ -140,27 +145,34 @@ async def score_sample(sample: Sample, options: EvalOptions, judge=None, lpips=N
 
 
 def _pixels(sample: Sample, source_data: bytes, edited_data: bytes, options: EvalOptions, lpips) -> dict:
-    source, edited = read_image(source_data), read_image(edited_data)
-    mask, roi = roi_mask(sample, source, options.derive_roi)
-    truth = read_image(sample.ground_truth) if sample.ground_truth is not None else None
+    # MedEBench's numbers need MedEBench's decoding (16-bit clipped); ours keeps a 16-bit image's contrast
+    decode = decode_medebench if options.cp_mode == "medebench" else read_image
+    source, edited = decode(source_data), decode(edited_data)
+    mask, roi, mask_read = roi_mask(sample, source, options.derive_roi)
+    truth = decode(image_bytes(sample.ground_truth)) if sample.ground_truth is not None else None
     metrics = pixel_metrics(source, edited, mask, cp_mode=options.cp_mode, ground_truth=truth, lpips=lpips)
+    extra = {"mask_read": mask_read} if mask_read else {}
+    if metrics["cp"] is None:
+        extra["cp_excluded"] = CP_UNDEFINED
     return {"roi": roi, "roi_fraction": round(float((mask > 127).mean()), 5),
-            "resized": edited.shape != source.shape, **metrics}
+            "resized": edited.shape != source.shape, **metrics, **extra}
 
 
-def roi_mask(sample: Sample, source: np.ndarray, derive: bool) -> tuple[np.ndarray, str]:
-    """(grey-level mask at the source's size, how it was obtained: given | derived:<region> | full_image)."""
+def roi_mask(sample: Sample, source: np.ndarray, derive: bool) -> tuple[np.ndarray, str, str | None]:
+    """(grey-level mask at the source's size, how it was obtained: given | derived:<region> | full_image, how a
+    given mask's values were read)."""
     if sample.mask is not None:
         with Image.open(io.BytesIO(image_bytes(sample.mask))) as im:
-            return mask_levels(np.asarray(im.convert("L")), source.shape), "given"
+            levels, how = read_mask(im, source.shape)
+        return levels, "given", how
     empty = np.zeros(source.shape[:2], np.uint8)
     if not derive:
-        return empty, "full_image"
+        return empty, "full_image", None
     try:
         region, name = derived_roi(source, sample.modality, sample.disease)
     except ValueError as exc:
-        return empty, f"full_image (no region: {exc})"
-    return region.astype(np.uint8) * 255, f"derived:{name}"
+        return empty, f"full_image (no region: {exc})", None
+    return region.astype(np.uint8) * 255, f"derived:{name}", None
 
 
 # ---------------------------------------------------------------- tables and report
@@ -178,13 +190,15 @@ def group_table(records: list[dict], keys: tuple[str, ...]) -> Table:
             metrics.append((name, 10.0 if name in ("ea", "vq", "cp_judge") else 1))
     if has["ea"]:
         columns += ["qualified", "judge errors"]
-    columns.append("ROI")
+    cp_gaps = any(r.get("cp") is None for r in ok)  # only then: which means leave samples out
+    columns += ["CP excluded"] * cp_gaps + ["ROI"]
     groups: dict[tuple, list[dict]] = {}
     for record in sorted(records, key=lambda r: tuple(str(r.get(k)) for k in keys)):
         groups.setdefault(tuple(record.get(k) for k in keys), []).append(record)
     groups[tuple("all" for _ in keys)] = records
     table = Table(columns, formats={c: ".3f" for c in columns if c not in (*keys, "samples", "errors", "ROI",
-                                                                              "judge errors", "qualified")})
+                                                                              "judge errors", "qualified",
+                                                                              "CP excluded")})
     table.formats.update({"PSNR": ".2f", "PSNR vs GT": ".2f", "qualified": ".1%"})
     for group, members in groups.items():
         good = [r for r in members if r["status"] == "ok"]
@@ -193,7 +207,7 @@ def group_table(records: list[dict], keys: tuple[str, ...]) -> Table:
         if has["ea"]:
             judged = [r for r in good if "qualified" in r]
             row += [mean(float(r["qualified"]) for r in judged), sum("judge_error" in r for r in good)]
-        row.append(_roi_summary(good))
+        row += [sum(r.get("cp") is None for r in good)] * cp_gaps + [_roi_summary(good)]
         table.rows.append(row)
     return table
 
@@ -208,6 +222,15 @@ def _roi_summary(records: list[dict]) -> str:
     return ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items())) or "–"
 
 
+def cp_exclusions(ok: list[dict]) -> dict:
+    """How many scored samples the CP mean leaves out (CP undefined), why, and a sentence saying so."""
+    reasons = Counter(r.get("cp_excluded") or CP_UNDEFINED for r in ok if r.get("cp") is None)
+    n = sum(reasons.values())
+    why = "; ".join(f"{count:,} where {reason}" for reason, count in reasons.most_common())
+    note = f"CP mean over {len(ok) - n:,} of {len(ok):,} scored samples, {n:,} excluded as undefined: {why}."
+    return {"samples": n, "of": len(ok), "reasons": dict(reasons), "note": note if n else ""}
+
+
 def write_report(records: dict[str, dict], out: Path, settings: dict, notes: list[str]) -> dict:
     rows = list(records.values())
     ok = [r for r in rows if r["status"] == "ok"]
@@ -219,13 +242,16 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
              "SSIM: grayscale, range 255; PSNR: RGB, identical images = 100 (MedGEN-Bench).", *notes]
     if any("ea" in r for r in ok):
         notes.append(scores_note(settings.get("judge") or {}))
+    cp_excluded = cp_exclusions(ok)
+    if cp_excluded["samples"]:
+        notes.append(cp_excluded["note"])
     tables = {name: group_table(rows, keys) for name, keys in GROUPINGS.items()}
     for name, table in tables.items():
         table.write(out, f"by_{name}")
     judge = settings.get("judge") or {}
     summary = {"settings": settings, "samples": len(rows), "ok": len(ok), "errors": len(rows) - len(ok),
-               "judge_errors": sum("judge_error" in r for r in ok), "notes": notes,
-               "overall": tables["direction"].as_dicts()[-1],
+               "judge_errors": sum("judge_error" in r for r in ok), "notes": notes, "cp_excluded": cp_excluded,
+               "failure_reasons": eval_reasons(rows), "overall": tables["direction"].as_dicts()[-1],
                "tables": {name: table.as_dicts() for name, table in tables.items()}}
     (out / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
     lines = ["# Edit evaluation", "", f"{len(rows):,} samples ({len(ok):,} scored, {len(rows) - len(ok):,} with "
@@ -234,5 +260,9 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
              *(f"- {note}" for note in notes), ""]
     for name, table in tables.items():
         lines += [f"## By {name}", "", table.markdown(), ""]
+    for key, title in (("errors", "Samples not scored"), ("judge_errors", "Failed judge calls")):
+        if summary["failure_reasons"][key]:
+            lines += [f"## {title}: top reasons", "", *(f"- {r['samples']:,} × {r['reason']}"
+                                                        for r in summary["failure_reasons"][key]), ""]
     (out / REPORT).write_text("\n".join(lines), encoding="utf-8")
     return summary

@@ -15,6 +15,23 @@ Context preservation = SSIM between the input and the edited image outside the r
 MedGEN-Bench's pixel metrics: SSIM on grayscale images (PIL "L", data range 255), PSNR on RGB (identical images
 give 100), LPIPS (AlexNet, 256², inputs scaled to [-1, 1]) only when the `lpips` package and its weights are
 already on this machine; nothing is downloaded.
+
+CP is undefined (None) when no 7x7 window lies wholly outside the ROI (a full or nearly full mask, or an image
+smaller than the window): such a sample is left out of the CP mean, and the report says how many were
+(``CP_UNDEFINED``). MedEBench's mode is always defined.
+
+16-bit images (PNG/TIFF modes I;16 and I) are read two ways, by CP mode:
+
+* ``correct``: min–max scaled to 0–255 per image (generation.records.decode_rgb, as the generator reads sources),
+  so a 12-bit CT or X-ray keeps its contrast. Values are comparable within one image, not across images.
+* ``medebench``: as MedEBench's code reads every image, ``Image.open(path).convert("RGB")``, which clips values
+  above 255 (a typical 16-bit radiograph becomes almost all white). This reproduces its numbers, not a good CP.
+
+Masks (``read_mask`` / ``mask_levels``) may be encoded any way: boolean, 0/1, 0/255, labels, Pillow modes 1, L,
+LA, P (palette colours), RGB/RGBA (brightest channel; the alpha channel when the colour is constant), 16-bit or
+float. 8-bit masks reaching 128 or more are used as they are (grey levels, MedEBench's weights); 16-bit and
+float masks are scaled to 0-255; a non-empty mask that stays below 128 after that (0/1, small labels) is read as
+non-zero = ROI. White (or the larger value) is the region of interest.
 """
 
 from __future__ import annotations
@@ -27,6 +44,7 @@ from PIL import Image
 from scipy import ndimage
 from skimage.metrics import structural_similarity
 
+from ..generation.records import open_image
 from ..generation.simulator.anatomy import estimate_anatomy
 from ..generation.simulator.imaging import ANAT, WORK, resize_rgb
 from ..generation.simulator.judge import Thresholds
@@ -37,6 +55,16 @@ SSIM_WINDOW = 7  # scikit-image's default
 PSNR_IDENTICAL = 100.0
 LPIPS_SIZE = 256
 ALEXNET_CHECKPOINT = "alexnet-owt-7be5be79.pth"  # torchvision's ImageNet AlexNet, LPIPS's backbone
+CP_UNDEFINED = "no 7x7 SSIM window lies wholly outside the ROI (a full or nearly full mask)"  # why CP is None
+
+
+def decode_medebench(data: bytes) -> np.ndarray:
+    """An image read as MedEBench reads it: ``Image.open(...).convert("RGB")`` (16-bit values clipped at 255)."""
+    with open_image(data) as im:
+        try:
+            return np.asarray(im.convert("RGB"))
+        except (OSError, SyntaxError) as exc:
+            raise ValueError(f"not a readable image: {exc}") from exc
 
 
 # ---------------------------------------------------------------- sizes and masks
@@ -49,18 +77,56 @@ def to_size(rgb: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, bool]:
     return np.asarray(Image.fromarray(rgb).resize((width, height), Image.BICUBIC)), True
 
 
-def mask_levels(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A mask image (any mode; boolean arrays too) as uint8 grey levels at `shape`, resized nearest."""
-    mask = np.asarray(mask)
-    if mask.dtype == bool:
-        mask = mask.astype(np.uint8) * 255
-    im = Image.fromarray(mask)
-    if im.mode != "L":
-        im = im.convert("L")
+def read_mask(mask, shape: tuple[int, ...]) -> tuple[np.ndarray, str]:
+    """A mask (PIL image of any mode, or array of any dtype) as uint8 grey levels at `shape`, resized nearest;
+    and how its values were read (see the module docstring)."""
+    levels, how = _levels(_channel(mask) if isinstance(mask, Image.Image) else np.asarray(mask))
     height, width = shape[:2]
-    if im.size != (width, height):
-        im = im.resize((width, height), Image.NEAREST)
-    return np.asarray(im)
+    if levels.shape != (height, width):
+        levels = np.asarray(Image.fromarray(levels).resize((width, height), Image.NEAREST))
+    return levels, how
+
+
+def mask_levels(mask, shape: tuple[int, ...]) -> np.ndarray:
+    """`read_mask` without the description; idempotent on its own output."""
+    return read_mask(mask, shape)[0]
+
+
+def _channel(im: Image.Image) -> np.ndarray:
+    """One channel of a mask image in its own numeric range (uint8, uint16/int32 for 16-bit, float, bool)."""
+    if im.mode == "P":  # palette indices mean nothing by themselves; their colours do, unless all are alike
+        colours = np.asarray(im.convert("RGB")).max(axis=-1)
+        indices = np.asarray(im)
+        return indices if colours.min() == colours.max() and indices.min() != indices.max() else colours
+    if im.mode in ("LA", "RGBA", "PA"):
+        bands = np.asarray(im.convert("RGBA"))
+        colour = bands[..., :3].max(axis=-1)
+        return bands[..., 3] if colour.min() == colour.max() else colour
+    if im.mode in ("1", "L", "I;16", "I;16B", "I;16L", "I", "F"):
+        return np.asarray(im)
+    return np.asarray(im.convert("RGB")).max(axis=-1)  # RGB, CMYK, YCbCr...: a coloured ROI counts fully
+
+
+def _levels(a: np.ndarray) -> tuple[np.ndarray, str]:
+    if a.ndim == 3:  # an RGB(A) array: the brightest colour channel
+        a = a[..., :3].max(axis=-1) if a.shape[-1] >= 3 else a[..., 0]
+    if a.dtype == bool:
+        return a.astype(np.uint8) * 255, "binary (true = ROI)"
+    if a.size == 0 or a.max() <= 0:
+        return np.zeros(a.shape, np.uint8), "empty"
+    lo, hi = a.min(), a.max()
+    if a.dtype == np.uint8:
+        scaled, how = a, "grey levels"
+    elif lo >= 0 and np.all((a == lo) | (a == hi)):  # two values in any wider encoding: binary
+        return np.where(a == hi, 255, 0).astype(np.uint8), f"binary {lo:g}/{hi:g}"
+    elif np.issubdtype(a.dtype, np.floating):
+        scaled = np.clip(a * 255.0 if hi <= 1 else a, 0, 255).astype(np.uint8)
+        how = "float levels" + (" x 255" if hi <= 1 else "")
+    else:  # 16-bit (I;16, I): the 16-bit range onto 0-255
+        scaled, how = np.clip(a.astype(np.float64) / 257.0, 0, 255).astype(np.uint8), "16-bit levels / 257"
+    if scaled.max() < 128:  # nothing would count as ROI although the mask is not empty: 0/1 or labels
+        return np.where(a > 0, 255, 0).astype(np.uint8), f"labels 0-{hi:g} (non-zero = ROI)"
+    return scaled, how
 
 
 def derived_roi(source: np.ndarray, modality: str | None, disease: str) -> tuple[np.ndarray, str]:
@@ -107,10 +173,11 @@ def cp_medebench(source: np.ndarray, edited: np.ndarray, mask: np.ndarray) -> fl
 
 
 def context_preservation(source: np.ndarray, edited: np.ndarray, mask: np.ndarray, mode: str) -> float | None:
-    """CP in `mode`; `mask` holds grey levels at the source's size (MedEBench weighs by them; the correct mode
-    takes levels above 127 as the ROI)."""
+    """CP in `mode`; `mask` in any encoding (read_mask), at the source's size (MedEBench weighs by its grey
+    levels; the correct mode takes levels above 127 as the ROI). None: CP_UNDEFINED."""
     if mode == "correct":
-        return cp_correct(source, to_size(edited, source.shape)[0], mask > 127)
+        roi = mask_levels(mask, source.shape) > 127
+        return cp_correct(source, to_size(edited, source.shape)[0], roi)
     if mode == "medebench":
         return cp_medebench(source, edited, mask)
     raise ValueError(f"CP mode must be one of {', '.join(CP_MODES)}, not {mode!r}")

@@ -35,6 +35,9 @@ from .transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
 JOBS_FILE = "medbanana-batches.json"
 DONE_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED",
                "JOB_STATE_PARTIALLY_SUCCEEDED"}
+# states of a job on its way to one of DONE_STATES; a state in neither set is a malformed answer, not progress
+LIVE_STATES = {"JOB_STATE_UNSPECIFIED", "JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING",
+               "JOB_STATE_PAUSED", "JOB_STATE_UPDATING", "JOB_STATE_CANCELLING"}
 
 
 class BatchCalls:
@@ -97,24 +100,59 @@ class BatchCalls:
         self._save()
         return name
 
+    async def _poll(self, name: str) -> tuple[object, str, str]:
+        """(job, state, what is malformed about the answer or "") for one status poll."""
+        try:
+            job = await self.transport.get_batch(name)
+        except APIError as exc:
+            if exc.kind == "not_found":  # gone (deleted, or another server): resubmitted
+                return None, "JOB_STATE_NOT_FOUND", ""
+            if exc.kind == "bad_response":  # a body that does not parse, even after the transport's retries
+                return None, "", _detail(exc, name)
+            raise
+        state = str(getattr(job.state, "value", job.state) or "")
+        if not state:
+            return job, "", "no state in the answer"
+        if state not in DONE_STATES | LIVE_STATES:
+            return job, state, f"unknown state {state!r}"
+        return job, state, ""
+
     async def _collect(self, names: set[str]) -> dict[str, CallFailure]:
-        """Poll the jobs until each is done; put every returned response into the cache; the failures by key."""
+        """Poll the jobs until each is done; put every returned response into the cache; the failures by key.
+
+        A job may run for hours, but a malformed status answer is not progress: after max_attempts of them in a
+        row the job is given up and its requests fail with bad_response (not retried: another job would be
+        polled at the same endpoint), so the run ends with them recorded instead of polling forever."""
         failures: dict[str, CallFailure] = {}
+        malformed: Counter = Counter()
         waiting = set(names)
         while waiting:
             for name in sorted(waiting):
-                try:
-                    job = await self.transport.get_batch(name)
-                    state = str(getattr(job.state, "value", job.state) or "")
-                except APIError as exc:
-                    if exc.kind != "not_found":
-                        raise
-                    job, state = None, "JOB_STATE_NOT_FOUND"  # gone (deleted, or another server): resubmitted
-                if job is not None and state not in DONE_STATES:
+                job, state, problem = await self._poll(name)
+                results = None
+                if not problem and state in ("JOB_STATE_SUCCEEDED", "JOB_STATE_PARTIALLY_SUCCEEDED"):
+                    try:
+                        results = await self.transport.batch_results(job, self.work_dir)
+                    except APIError as exc:
+                        if exc.kind != "bad_response":
+                            raise
+                        problem = _detail(exc, name)  # "... succeeded without results"
+                if problem:
+                    malformed[name] += 1
+                    if malformed[name] < self.transport.retry.max_attempts:
+                        continue
+                elif job is not None and state not in DONE_STATES:
+                    malformed.pop(name, None)  # in a row: a well-formed answer in between starts the count anew
                     continue
                 entry = self.jobs[name]
-                if state in ("JOB_STATE_SUCCEEDED", "JOB_STATE_PARTIALLY_SUCCEEDED"):
-                    for key, item in await self.transport.batch_results(job, self.work_dir):
+                if problem:
+                    message = (f"{name}: malformed status answer {malformed[name]} times in a row, gave up on "
+                               f"the job; last: {problem}")
+                    failures.update(dict.fromkeys(entry["keys"], CallFailure("bad_response", message, False)))
+                    state = "MALFORMED_STATUS"
+                    entry["error"] = problem[:300]
+                elif results is not None:
+                    for key, item in results:
                         if isinstance(item, CallFailure):
                             failures[key] = item
                         else:
@@ -131,6 +169,11 @@ class BatchCalls:
             if waiting:
                 await self._sleep(self.poll_interval)
         return failures
+
+
+def _detail(exc: APIError, name: str) -> str:
+    """An APIError's message without the kind and job name that the recorded error states already."""
+    return str(exc).removeprefix(f"{exc.kind}: ").removeprefix(f"{name}: ")
 
 
 async def drive_exchanges(calls: BatchCalls, exchanges: dict, step: str) -> dict:
@@ -239,39 +282,41 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
     sources: dict[Path, SourceImage | Exception] = {}
     live = []
     try:
-        for task in todo:
-            if task.source_path not in sources:
+        try:
+            for task in todo:
+                if task.source_path not in sources:
+                    try:
+                        sources[task.source_path] = await asyncio.to_thread(read_source, task.source_path,
+                                                                               options.max_pixels)
+                    except (OSError, ValueError) as exc:
+                        sources[task.source_path] = exc
+                source, attempts = sources[task.source_path], store.history(task)
+                if isinstance(source, Exception):
+                    store.finish_task(source_error(task, source))
+                elif attempts and attempts[-1].accepted or len(attempts) >= options.max_rounds:
+                    store.finish_task(TaskOutcome(task, "success" if attempts[-1].accepted else "failed", attempts))
+                else:
+                    live.append(_Live(task, source, attempts))
+                    continue
+                bar.update(1)
+            for n in range(1, options.max_rounds + 1):
+                if not live:
+                    break
                 try:
-                    sources[task.source_path] = await asyncio.to_thread(read_source, task.source_path,
-                                                                           options.max_pixels)
-                except (OSError, ValueError) as exc:
-                    sources[task.source_path] = exc
-            source, attempts = sources[task.source_path], store.history(task)
-            if isinstance(source, Exception):
-                store.finish_task(source_error(task, source))
-            elif attempts and attempts[-1].accepted or len(attempts) >= options.max_rounds:
-                store.finish_task(TaskOutcome(task, "success" if attempts[-1].accepted else "failed", attempts))
-            else:
-                live.append(_Live(task, source, attempts))
-                continue
-            bar.update(1)
-        for n in range(1, options.max_rounds + 1):
-            if not live:
-                break
-            try:
-                live, finished = await _round(n, live, writer, editor, judge, calls, options, accept, store)
-            except APIError as exc:  # a job could not be submitted or polled: stop here, resumable
-                raise RuntimeError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
-                                   f"command again resumes polling the submitted jobs") from None
-            for outcome in finished:
-                store.finish_task(outcome)
-            bar.update(len(finished))
-            store.maybe_materialize(options.materialize_every)
+                    live, finished = await _round(n, live, writer, editor, judge, calls, options, accept, store)
+                except APIError as exc:  # a job could not be submitted or polled: stop here, resumable
+                    raise RuntimeError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
+                                       f"command again resumes polling the submitted jobs") from None
+                for outcome in finished:
+                    store.finish_task(outcome)
+                bar.update(len(finished))
+                store.maybe_materialize(options.materialize_every)
+        finally:
+            bar.close()
+            await close_clients(writer, editor, judge)
+        return close_run(store, summary, started)
     finally:
-        bar.close()
-        store.close()
-        await close_clients(writer, editor, judge)
-    return close_run(store, summary, started)
+        store.close()  # when interrupted: JSON files materialised from what finished; lock released
 
 
 def run_batch(tasks, run_dir, writer, editor, judge, options=None, config=None, **batch_options) -> RunSummary:

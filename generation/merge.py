@@ -3,7 +3,7 @@
 Shards may come from other machines, so every path a journal names is data: each image is read only from inside
 its shard and written only inside --out (`layout.inside`, symlinks resolved), and a record's dataset and task must
 name a `{D}-edit` / `{D}-remove` folder directly in --out. Every record of every shard is checked before anything
-is written.
+is written. --out is locked as any run directory being written (RunStore.open), the shards shared (lock.py).
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 
 from . import layout
+from .lock import hold_lock
 from .store import IDENTITY_KEYS, RunStore
 
 
@@ -85,8 +87,19 @@ def _checked_copies(run_dir: Path, out: Path, line_no: int, record) -> list[tupl
 
 
 def merge_runs(inputs: list[Path], out: Path) -> dict:
-    """Merge the finished tasks of `inputs` into `out` (a new or compatible run directory); returns counts."""
+    """Merge the finished tasks of `inputs` into `out` (a new or compatible run directory); returns counts.
+
+    `out` is locked like any run directory being written; the inputs are locked shared, so that a shard still
+    being generated is refused (LockHeld) rather than merged half-done, and none starts while it is read."""
     inputs, out = [Path(p) for p in inputs], Path(out)
+    with ExitStack() as locks:
+        for run_dir in inputs:
+            if run_dir.is_dir():
+                locks.enter_context(hold_lock(run_dir, "run directory merged from", shared=True))
+        return _merge(inputs, out)
+
+
+def _merge(inputs: list[Path], out: Path) -> dict:
     configs = []
     for run_dir in inputs:
         cfg_path = run_dir / layout.RUN_CONFIG

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import backends, layout
 from .provenance import DEFAULT_SOURCE_TYPE
 from .runner import RunOptions, RunSummary, describe_backends, run
 from .sources import Selection, SourceLayoutError, scan_sources
+from .store import read_journal
+from .taxonomy import DIRECTIONS
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
@@ -119,9 +121,17 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
     if options.workers > 1 and (spec is None or batch is not None):
         raise ValueError("workers > 1 needs a BackendSpec (each process builds its own backends) and no batch: "
                          "the Batch API has nothing to share out")
+    known = None  # with retry_failed: the run's task uids, when its recorded selection cannot tell them
+    if options.retry_failed:
+        recorded, known = retry_selection(out, selection=selection, modality=modality, shard=options.shard,
+                                          limit=limit)
+        selection, modality, limit = _selection_of(recorded), recorded.get("modality"), recorded.get("limit")
+        options = replace(options, shard=tuple(recorded["shard"]) if recorded.get("shard") else None)
     tasks = scan_sources(sources, selection, modality)
     if limit:
         tasks = tasks[:limit]
+    if known is not None:
+        tasks = [t for t in tasks if t.uid in known]
     if not tasks:
         raise SourceLayoutError(f"no source images under {sources} match the selection "
                                 f"(modalities={sorted(selection.modalities) or 'all'}, "
@@ -139,8 +149,11 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
               "digital_source_type": getattr(editor, "digital_source_type", DEFAULT_SOURCE_TYPE),
               "sources_root": str(Path(sources).resolve()),
               "selection": {"modalities": sorted(selection.modalities), "diseases": sorted(selection.diseases),
-                            "directions": list(selection.directions), "modality": modality},
+                            "directions": list(selection.directions), "modality": modality,
+                            "shard": list(options.shard) if options.shard else None, "limit": limit or None},
               **(extra_config or {})}
+    if options.retry_failed:  # what the run was made of stays as recorded, whatever older format it has
+        config["selection"] = recorded
     if batch is not None:
         from .batch import run_batch
 
@@ -150,6 +163,53 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
 
         return run_in_workers(tasks, out, spec, options, config)
     return run(tasks, out, writer, editor, judge, options, config)
+
+
+def _selection_of(recorded: dict) -> Selection:
+    return Selection(set(recorded.get("modalities") or ()), set(recorded.get("diseases") or ()),
+                     tuple(recorded.get("directions") or DIRECTIONS))
+
+
+def retry_selection(run_dir: Path, *, selection: Selection | None = None, modality: str | None = None,
+                    shard: tuple[int, int] | None = None, limit: int | None = None) -> tuple[dict, set[str] | None]:
+    """For --retry-failed: the selection recorded in RUN_DIR/medbanana-run.json, and None, or the uids of the
+    tasks the journal knows when that record cannot reproduce the run's task list (older runs, which recorded no
+    shard or limit, and merged runs). Whatever is given must select the same (ValueError naming the difference):
+    a retry re-runs tasks of the run, it never adds any."""
+    config = run_config(run_dir)
+    recorded = config.get("selection")
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{run_dir}/{layout.RUN_CONFIG} records no selection; rerun the original command "
+                         f"instead of --retry-failed")
+    given = selection or Selection()
+    differs = []
+    for name, mine, theirs in (
+            ("--modalities", sorted(given.modalities), sorted(recorded.get("modalities") or ())),
+            ("--diseases", sorted(given.diseases), sorted(recorded.get("diseases") or ())),
+            ("--directions", sorted(given.directions), sorted(recorded.get("directions") or DIRECTIONS)),
+            ("--modality", modality, recorded.get("modality")),
+            ("--shard", list(shard) if shard else None, recorded.get("shard")),
+            ("--limit", limit, recorded.get("limit"))):
+        defaulted = not mine or (name == "--directions" and mine == sorted(DIRECTIONS))
+        if not defaulted and mine != theirs:
+            differs.append(f"{name} {_shown(mine)} (the run has {_shown(theirs)})")
+    if differs:
+        raise ValueError(f"--retry-failed {run_dir} re-runs the tasks of the selection that run recorded; "
+                         f"{'; '.join(differs)}: leave these options out, or start a new run with --out")
+    known = None
+    if "shard" not in recorded or "limit" not in recorded or config.get("merged_from"):
+        known = {entry["uid"] for entry in read_journal(Path(run_dir) / layout.JOURNAL)}
+    return recorded, known
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "none"
+    if value == []:
+        return "all"
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return f"{value[0]}/{value[1]}"  # a shard
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def run_config(run_dir: Path) -> dict:

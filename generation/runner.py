@@ -16,7 +16,7 @@ from . import layout
 from .backends import Editor, InstructionWriter, Judge
 from .loop import Acceptance, OnRound, acceptance_policy, refine_task
 from .records import DEFAULT_MAX_PIXELS, ApiFailure, Attempt, SourceImage, Task, TaskOutcome, open_image
-from .store import RunStore, atomic_write_json
+from .store import ORPHANS, RunStore, atomic_write_json
 
 
 @dataclass
@@ -25,7 +25,7 @@ class RunOptions:
     concurrency: int = 4
     seed: int = 0
     accept: str = "qualified"
-    retry_failed: bool = False  # re-run tasks that ended api_failed (their kept rounds are resumed)
+    retry_failed: bool = False  # also re-run tasks that ended api_failed (their kept rounds are resumed)
     shard: tuple[int, int] | None = None  # (i, N): this process takes the i-th of N deterministic parts
     workers: int = 1  # processes sharing the calls (workers.py); 1 runs everything in this process
     max_pixels: int = DEFAULT_MAX_PIXELS  # larger sources are source errors, refused from their header
@@ -45,6 +45,7 @@ class RunSummary:
     seconds: float = 0.0
     api_calls: int = 0  # network calls made now, retries included (answers from the request cache not counted)
     cache_hits: int = 0
+    reconciled: Counter = field(default_factory=Counter)  # what opening the run fixed (store.RunStore.reconciled)
     dataset_dir: Path | None = None  # set when a dataset was built from the run (the demo)
     dataset: dict | None = None  # its medbanana-build.json
 
@@ -54,6 +55,7 @@ class RunSummary:
                 "api_failed": self.statuses["api_failed"], "failed_attempts": self.failed_attempts,
                 "success_rounds": {str(k): v for k, v in sorted(self.success_rounds.items())},
                 "error_kinds": dict(self.error_kinds), "api_calls": self.api_calls, "cache_hits": self.cache_hits,
+                "reconciled": {k: v for k, v in sorted(self.reconciled.items()) if v},
                 "seconds": round(self.seconds, 2)}
 
     def format(self) -> str:
@@ -66,6 +68,8 @@ class RunSummary:
                  f"  success by round {hist}", f"run directory: {self.run_dir}"]
         if self.api_calls or self.cache_hits:
             lines.insert(-1, f"  API calls        {self.api_calls} (from the request cache: {self.cache_hits})")
+        if fixed := reconciled_text(d["reconciled"]):
+            lines.insert(-1, f"  on opening       {fixed}")
         for dataset, direction, path in layout.find_output_dirs(self.run_dir):
             lines.append(f"  {path.name}/ and {path.name}-failed/  ({direction}, {layout.ALL_CONVERSATIONS})")
         if self.dataset_dir is not None:
@@ -75,6 +79,15 @@ class RunSummary:
                       f"  load it: python -c 'from datasets import load_dataset; "
                       f"print(load_dataset(\"{self.dataset_dir}\", \"dpo_pairs\"))'"]
         return "\n".join(lines)
+
+
+def reconciled_text(counts: dict) -> str:
+    """What opening the run directory fixed, in words ('' when nothing)."""
+    words = {"orphan_images": "images of killed writes without a journal line removed",
+             "quarantined_images": f"unknown images moved to {ORPHANS}/",
+             "temp_files": "temp files of killed writes removed",
+             "continued_tasks": "api_failed tasks continued from rounds of a killed retry"}
+    return ", ".join(f"{counts[k]} {text}" for k, text in words.items() if counts.get(k))
 
 
 def in_shard(task: Task, shard: tuple[int, int] | None) -> bool:
@@ -120,15 +133,17 @@ class _SourceCache:
 
 def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
              config: dict | None) -> tuple[RunStore, RunSummary, list[Task]]:
-    """Open the run directory and pick this invocation's tasks: its shard, minus finished ones (plus api_failed
-    ones with retry_failed). Shared by the concurrent runner and the batch runner."""
+    """Open (lock, replay, reconcile) the run directory and pick this invocation's tasks: its shard, minus finished
+    ones, plus api_failed ones with retry_failed or with rounds journalled after their record (a killed retry).
+    Shared by the concurrent, the multi-process and the batch runner; close with `close_run`."""
     store = RunStore(run_dir, {"max_rounds": options.max_rounds, "accept": options.accept, "seed": options.seed,
                                **(config or {})}).open()
-    summary = RunSummary(Path(run_dir))
+    summary = RunSummary(Path(run_dir), reconciled=Counter(store.reconciled))
     mine = [t for t in tasks if in_shard(t, options.shard)]
     summary.tasks = len(mine)
     redo = {"api_failed"} if options.retry_failed else set()
-    todo = [t for t in mine if t.uid not in store.finished or store.finished[t.uid]["status"] in redo]
+    todo = [t for t in mine if t.uid not in store.finished or t.uid in store.reopened
+            or store.finished[t.uid]["status"] in redo]
     summary.skipped = len(mine) - len(todo)
     return store, summary, todo
 
@@ -139,8 +154,10 @@ def source_error(task: Task, exc: Exception) -> TaskOutcome:
 
 
 def close_run(store: RunStore, summary: RunSummary, started: float) -> RunSummary:
-    """Materialise the JSON files (closing the store), count every finished task, write the stats file."""
-    store.close()
+    """Materialise the JSON files, count every finished task, write the stats file, then close the store (the
+    directory stays locked until the stats are written). Runners call store.close() too, in a `finally`, for
+    when they are interrupted: it does nothing after this."""
+    store.materialize()
     summary.seconds = time.perf_counter() - started
     for record in store.finished.values():
         summary.statuses[record["status"]] += 1
@@ -150,6 +167,7 @@ def close_run(store: RunStore, summary: RunSummary, started: float) -> RunSummar
         if record.get("error"):
             summary.error_kinds[record["error"]["kind"]] += 1
     atomic_write_json(Path(summary.run_dir) / layout.STATS, {**summary.as_dict(), "finished_at": time.time()})
+    store.close()
     return summary
 
 
@@ -199,13 +217,15 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
             store.maybe_materialize(options.materialize_every)
 
     try:
-        await asyncio.gather(*(worker() for _ in range(max(1, options.concurrency))))
+        try:
+            await asyncio.gather(*(worker() for _ in range(max(1, options.concurrency))))
+        finally:
+            bar.close()
+            await close_clients(writer, editor, judge)
+            summary.api_calls, summary.cache_hits = call_counts(writer, editor, judge)
+        return close_run(store, summary, started)
     finally:
-        bar.close()
-        store.close()  # also when interrupted: the JSON files are materialised from what finished
-        await close_clients(writer, editor, judge)
-        summary.api_calls, summary.cache_hits = call_counts(writer, editor, judge)
-    return close_run(store, summary, started)
+        store.close()  # when interrupted: the JSON files are materialised from what finished, the lock released
 
 
 def _clients(backends) -> list:

@@ -4,24 +4,36 @@ Every finished round and every finished task is one JSON line in medbanana-journ
 is in place (temp file + rename), and flushed. The original scripts' JSON files are rebuilt from the journal with
 atomic renames at the end and at intervals, never rewritten per update. Reopening a run directory replays the
 journal: finished tasks are skipped and unfinished ones continue after their last journalled round.
+
+One process writes a run directory at a time (lock.py), from `open` to `close`. Opening reconciles the disk with
+the journal, since a kill can land between an image's rename and its journal line or in the middle of a temp
+file: images no journal line names are removed when they carry this run's mark (a resumed round writes them
+again) and moved to medbanana-orphans/ otherwise, stale temp files are removed, and a task with rounds journalled
+after its last "task" line (a killed --retry-failed) is open again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import layout
-from .provenance import DEFAULT_SOURCE_TYPE, mark_synthetic
+from .lock import DirLock
+from .provenance import DEFAULT_SOURCE_TYPE, mark_synthetic, read_mark, xmp_text
 from .records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
 IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed")
+ORPHANS = "medbanana-orphans"  # images on opening that no journal line names and this run did not write
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+_TEMP_RE = re.compile(r"^\..+\.tmp\d+$")  # atomic_write_bytes' temp names: .NAME.tmpPID
+_LAYOUT_DIR_RE = re.compile(r"^.+-(edit|remove)(-failed)?$")
 
 
 class RunConfigMismatch(RuntimeError):
@@ -59,12 +71,23 @@ class RunStore:
         self.config = {"format_version": FORMAT_VERSION, **config}
         self.finished: dict[str, dict] = {}  # uid -> task record (last journal line wins)
         self.partial: dict[str, dict[int, dict]] = defaultdict(dict)  # uid -> round -> round json
+        self.reopened: set[str] = set()  # finished as api_failed, with rounds journalled after that: to continue
+        self.reconciled: Counter = Counter()  # what opening found and fixed (orphan_images, temp_files, ...)
+        self._lock = DirLock(self.run_dir, "run directory")
         self._journal = None
         self._last_materialized = 0.0
+        self._dirty = False  # journal lines since the last materialisation
 
     # --- opening and replay -------------------------------------------------------------------------------------
     def open(self) -> "RunStore":
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()  # first: two writers would interleave journal lines and images (LockHeld)
+        try:
+            return self._open()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self) -> "RunStore":
         cfg_path = self.run_dir / layout.RUN_CONFIG
         if cfg_path.exists():
             old = json.loads(cfg_path.read_text())
@@ -80,24 +103,88 @@ class RunStore:
                                         f"(no {layout.RUN_CONFIG}); use an empty folder")
             self.config["created"] = time.time()
             self.config.setdefault("run_id", uuid.uuid4().hex)
-        atomic_write_json(cfg_path, self.config)
         journal_path = self.run_dir / layout.JOURNAL
-        for entry in read_journal(journal_path):
-            uid = entry["uid"]
-            if entry["type"] == "round":
-                self.partial[uid][entry["round"]["round"]] = entry["round"]
-            elif entry["type"] == "task":
-                self.finished[uid] = entry["record"]
+        entries = read_journal(journal_path)
+        self._replay(entries)
+        self._reconcile(entries)
+        atomic_write_json(cfg_path, self.config)
         self._journal = open(journal_path, "ab")
         if journal_path.stat().st_size and not _ends_with_newline(journal_path):
             self._journal.write(b"\n")  # after a torn line, start clean
         return self
 
+    def _replay(self, entries: list[dict]) -> None:
+        last_task, last_round = {}, {}
+        for line, entry in enumerate(entries):
+            uid = entry["uid"]
+            if entry["type"] == "round":
+                self.partial[uid][entry["round"]["round"]] = entry["round"]
+                last_round[uid] = line
+            elif entry["type"] == "task":
+                self.finished[uid] = entry["record"]
+                last_task[uid] = line
+        # A retry killed mid-task left rounds after the api_failed record: any resume continues from them. (After
+        # a success or failed record only a second writer could have added rounds; the record stands.)
+        self.reopened = {uid for uid, line in last_task.items() if last_round.get(uid, -1) > line
+                         and self.finished[uid]["status"] == "api_failed"}
+        if self.reopened:
+            self.reconciled["continued_tasks"] = len(self.reopened)
+
+    def _reconcile(self, entries: list[dict]) -> None:
+        """Images in the layout that no journal line names go (`_orphan`); temp files of killed writes too."""
+        named = set()
+        for entry in entries:
+            rounds = [entry["round"]] if entry["type"] == "round" else entry["record"].get("rounds") or []
+            named.update(r["image"] for r in rounds if isinstance(r, dict) and r.get("image"))
+            if entry["type"] == "task" and entry["record"].get("final_image"):
+                named.add(entry["record"]["final_image"])
+        for path in list(self.run_dir.iterdir()) if self.run_dir.is_dir() else []:
+            if path.is_file() and _TEMP_RE.match(path.name):
+                path.unlink()
+                self.reconciled["temp_files"] += 1
+            elif path.is_dir() and not path.is_symlink() and _LAYOUT_DIR_RE.match(path.name):
+                for folder, _, files in os.walk(path):
+                    for name in files:
+                        file = Path(folder) / name
+                        rel = file.relative_to(self.run_dir).as_posix()
+                        if _TEMP_RE.match(name):
+                            file.unlink()
+                            self.reconciled["temp_files"] += 1
+                        elif name.lower().endswith(IMAGE_SUFFIXES) and rel not in named:
+                            self._orphan(rel)
+
+    def _orphan(self, rel: str) -> None:
+        """An image no journal line names. One that carries this run's mark was written by it and killed before
+        its journal line: worthless without its record, and a resumed round writes it again, so it goes. Any
+        other (a user's file, a half-copied merge) is moved to ORPHANS/rel instead, never deleted."""
+        path = self.run_dir / rel
+        try:
+            mark = read_mark(path.read_bytes())
+        except (OSError, ValueError):
+            mark = None
+        if mark is not None and self.config.get("run_id") and mark.run_id == xmp_text(self.config["run_id"]):
+            path.unlink()
+            self.reconciled["orphan_images"] += 1
+            return
+        target = self.run_dir / ORPHANS / rel
+        n = 0
+        while target.exists():
+            n += 1
+            target = target.with_name(f"{Path(rel).stem}.{n}{Path(rel).suffix}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        self.reconciled["quarantined_images"] += 1
+
     def close(self) -> None:
-        if self._journal:
-            self.materialize()
-            self._journal.close()
-            self._journal = None
+        """Materialise the JSON files (if anything changed since), close the journal, release the directory."""
+        try:
+            if self._journal:
+                if self._dirty or not self._last_materialized:
+                    self.materialize()
+                self._journal.close()
+                self._journal = None
+        finally:
+            self._lock.release()
 
     def history(self, task: Task) -> list[Attempt]:
         """Rounds 1..k already journalled for an unfinished task whose images are on disk (a resume point)."""
@@ -114,6 +201,7 @@ class RunStore:
     def _append(self, entry: dict) -> None:
         self._journal.write(json.dumps(entry, ensure_ascii=False).encode("utf-8") + b"\n")
         self._journal.flush()
+        self._dirty = True
 
     def write_attempt(self, task: Task, attempt: Attempt, image: EditedImage | None) -> None:
         if image is not None:
@@ -137,6 +225,7 @@ class RunStore:
         """Journal a finished task's record (also used by merge, whose records come from other runs)."""
         self.finished[record["uid"]] = record
         self.partial.pop(record["uid"], None)
+        self.reopened.discard(record["uid"])
         self._append({"type": "task", "uid": record["uid"], "record": record})
 
     def maybe_materialize(self, every_seconds: float) -> None:
@@ -167,6 +256,7 @@ class RunStore:
                      "last_verification": (r["rounds"][-1] if r["rounds"] else {}).get("verification"),
                      "final_image_path": r["final_image_path"], "full_conversation": _public(r)} for r in failed])
         self._last_materialized = time.monotonic()
+        self._dirty = False
 
 
 def _public(record: dict) -> dict:

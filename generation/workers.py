@@ -5,7 +5,8 @@ HTTP stack), so one process saturates a core near a hundred calls a second. With
 share of the tasks in flight on its own event loop with its own backends, built from the same `BackendSpec`
 (each with 1/N of the --rpm and --tpm budget). The parent keeps the one run directory: workers send each finished
 round (record and image bytes) and each finished task over a pipe, and the parent writes images, journal lines
-and JSON files exactly as a single-process run does, so resume, crash safety and the layout are unchanged.
+and JSON files exactly as a single-process run does, so resume, crash safety and the layout are unchanged. The
+parent alone holds the run directory's lock (workers are spawned, so they inherit no descriptor of it).
 
 A worker exits when its pipe from the parent closes (the parent was killed): nothing is left running. A worker
 that dies stops the run with an error; every round it finished is in the journal, so rerunning resumes.
@@ -174,13 +175,13 @@ def run_in_workers(tasks: list[Task], run_dir: Path, spec, options: RunOptions,
                         worker.stop()
                 elif kind == "calls":
                     worker.calls = message[1:]
+        summary.api_calls = sum(w.calls[0] for w in workers)
+        summary.cache_hits = sum(w.calls[1] for w in workers)
+        return close_run(store, summary, started)
     finally:
         bar.close()
-        store.close()  # also when interrupted: the JSON files are materialised from what finished
         for worker in workers:
             if worker.process.is_alive() and not worker.stopped:
                 worker.process.terminate()
             worker.process.join(10)
-    summary.api_calls = sum(w.calls[0] for w in workers)
-    summary.cache_hits = sum(w.calls[1] for w in workers)
-    return close_run(store, summary, started)
+        store.close()  # when interrupted: JSON files materialised from what finished; lock released last

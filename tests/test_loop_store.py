@@ -12,6 +12,7 @@ import pytest
 
 from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter, pass_round
 from medbanana.generation import layout
+from medbanana.generation.lock import LOCK_NAME
 from medbanana.generation.loop import acceptance_policy, refine_task
 from medbanana.generation.records import SourceImage, Verdict
 from medbanana.generation.runner import RunOptions, run
@@ -97,11 +98,14 @@ def test_unreadable_source_is_a_record_and_the_run_continues(tiny_sources, tmp_p
 def test_other_configuration_is_refused_without_damage(tiny_sources, tmp_path):
     task = _task(tiny_sources)
     run([task], tmp_path / "run", ScriptedWriter(), ScriptedEditor(), ScriptedJudge(), RunOptions(quiet=True))
-    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    def files():  # the lock file names its last holder, the refused run: not the run's data
+        return {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != LOCK_NAME}
+
+    before = files()
     with pytest.raises(RunConfigMismatch, match="max_rounds: was 5, now 3"):
         run([task], tmp_path / "run", ScriptedWriter(), ScriptedEditor(), ScriptedJudge(),
             RunOptions(max_rounds=3, quiet=True))
-    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    assert files() == before
 
 
 def test_acceptance_policies():

@@ -152,7 +152,7 @@ def sources(tmp_path) -> Path:
 def _generate_and_build(argv: list[str], run_dir: Path, dataset: Path, capfd) -> tuple[str, dict]:
     """`medbanana generate` then `medbanana build`; returns what both printed and the run's records by source."""
     assert main(["generate", *argv, "--out", str(run_dir), "--diseases", "Pneumothorax", "--directions", "add",
-                 "--concurrency", "1", "--max-attempts", "1", "--timeout", "20", "-q"]) == 0
+                 "--concurrency", "1", "--max-attempts", "1", "--timeout", "20", "-q"]) == 3  # one task api_failed
     assert main(["build", str(run_dir), "--out", str(dataset), "-q"]) == 0
     captured = capfd.readouterr()
     records = {}

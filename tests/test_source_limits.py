@@ -54,7 +54,7 @@ def test_the_issue_png_is_a_source_error_from_its_header_in_little_memory(tmp_pa
             "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, *generate_argv(tmp_path / "sources", run_dir)],
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, done.stderr  # the refused sources are api_failed tasks
     peak_kb = int(done.stdout.split("maxrss_kb")[-1])
     assert peak_kb < 1024 * 1024, f"peak RSS {peak_kb} KB: the huge source was decoded"
     assert "Traceback" not in done.stderr and "DecompressionBomb" not in done.stderr
@@ -84,7 +84,7 @@ def test_generate_max_pixels_is_prepares_option_and_is_honoured(tmp_path):
     normal = tmp_path / "sources" / "MIMIC_small" / "normal"
     write_jpeg(normal / "small.jpeg", 1, size=32)  # 1024 pixels
     write_jpeg(normal / "large.jpeg", 2, size=48)  # 2304 pixels
-    assert main(generate_argv(tmp_path / "sources", tmp_path / "run", "--max-pixels", "2000")) == 0
+    assert main(generate_argv(tmp_path / "sources", tmp_path / "run", "--max-pixels", "2000")) == 3
     fails = failures(tmp_path / "run", "MIMIC_small")
     assert set(fails) == {"large-Pneumothorax"}
     assert "48x48 = 2304 pixels > 2000 (--max-pixels)" in fails["large-Pneumothorax"]["error"]

@@ -1,0 +1,137 @@
+"""One writer per directory: an exclusive `flock` on FOLDER/medbanana.lock, held while a command writes there.
+
+The kernel drops the lock when its holder's file is closed or the process dies (kill -9 included), so a crashed
+run never leaves a stale lock to clean up; the file itself stays and only says who held it last. A second
+process is refused at once (no waiting) with the holder's pid, host, start time and command, which the holder
+writes into the file. Readers may take the lock shared: they are refused while a writer holds it, and a writer is
+refused while they read (readers only lock a folder that has the file: they create nothing). `flock` also covers
+NFS on Linux (emulated with byte-range locks there).
+
+    with hold_lock(run_dir, "run directory"):   # LockHeld (exit code 75) when another process holds it
+        ...
+    with hold_lock(out, "dataset folder", beside=True):   # a folder replaced by renaming a new one in
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_NAME = "medbanana.lock"
+EXIT_LOCKED = 75  # sysexits' EX_TEMPFAIL: nothing is wrong with the command, try again when the other one ends
+
+
+class LockHeld(RuntimeError):
+    """Another process holds the folder's lock (the message names it)."""
+
+
+def _command() -> str:
+    argv = list(sys.argv) or ["?"]
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if Path(argv[0]).name == "medbanana" or (spec and spec.name.partition(".")[0] == "medbanana"):
+        argv[0] = "medbanana"  # the script or `python -m medbanana`, not the path to either
+    from .secrets import scrub  # options may carry an endpoint's URL with a token in it
+
+    return scrub(shlex.join(argv))[:500]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from what the last exclusive holder wrote, as one phrase."""
+    try:
+        info = json.loads(os.pread(fd, 8192, 0) or b"{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
+        return "another process (it has not said who it is yet)"
+    if info.get("host") == socket.gethostname() and not _alive(info["pid"]):
+        # the writer named in the file is gone, so the holders are readers (shared locks write nothing)
+        return "another medbanana process reading it"
+    since = info.get("since")
+    since = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    return f"pid {info['pid']} on host {info.get('host', '?')} since {since} ({info.get('command', '?')})"
+
+
+class DirLock:
+    """The lock of one folder; `acquire()` raises LockHeld instead of waiting. Prefer `hold_lock`."""
+
+    def __init__(self, folder: Path, what: str = "folder", *, shared: bool = False, beside: bool = False):
+        self.folder, self.what, self.shared = Path(folder), what, shared
+        # beside: for a folder replaced by a rename (a build made next to it): a lock inside would go with it
+        self.path = self.folder.parent / f".{self.folder.name}.{LOCK_NAME}" if beside else self.folder / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "DirLock":
+        if self._fd is not None:
+            return self
+        if self.shared:
+            fd = self._open_for_reading()
+            if fd is None:
+                return self
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated before the lock is ours
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except OSError as exc:
+            who = _holder(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):  # ENOLCK: no lock service
+                raise RuntimeError(f"cannot lock {self.path} ({exc.strerror}): its file system offers no "
+                                   f"locks, so one writer per folder cannot be ensured there") from None
+            doing = "written" if self.shared else "used"
+            raise LockHeld(f"{self.folder} ({self.what}) is being {doing} by {who}; wait for it to end or stop "
+                           f"it (the lock goes with that process), or use another folder") from None
+        if not self.shared:
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": self.what,
+                    "command": _command()}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        self._fd = fd
+        return self
+
+    def _open_for_reading(self) -> int | None:
+        """The lock file, read-only; None when there is none: no writer ever locked the folder, and a reader
+        creates nothing in what it reads (inputs may be read-only, or compared before and after)."""
+        try:
+            return os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock; the file stays (unlinking it would race a new holder)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+@contextmanager
+def hold_lock(folder: Path, what: str = "folder", *, shared: bool = False, beside: bool = False):
+    """Hold FOLDER's lock for the `with` block: exclusive to write (the folder is created), shared to read.
+    Raises LockHeld at once when another process holds it in a conflicting way. With beside=True the lock file
+    is FOLDER/../.NAME.medbanana.lock, for a folder that is replaced by renaming a new one into place."""
+    lock = DirLock(folder, what, shared=shared, beside=beside).acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
