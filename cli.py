@@ -272,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: finished tasks are kept; run the same command again to resume", file=sys.stderr)
         return 130
+    except Exception:  # a bug or an unforeseen failure: its traceback, scrubbed (it may quote an endpoint's answer)
+        import traceback
+
+        from .generation.secrets import scrub
+
+        print(scrub(traceback.format_exc()), file=sys.stderr, end="")
+        return 1
 
 
 if __name__ == "__main__":

@@ -306,3 +306,20 @@ def test_upload_to_a_closed_port_is_one_clear_line(dataset, monkeypatch, capsys)
     assert len(lines) == 1 and "Traceback" not in err
     assert lines[0].startswith("medbanana upload: error: creating the dataset repository my-org/medbanana-50k failed")
     assert f"could not reach {endpoint}" in lines[0] and "check HF_ENDPOINT" in lines[0]
+
+
+def test_an_unexpected_error_prints_its_traceback_scrubbed(monkeypatch, capsys):
+    """A failure nobody foresaw still prints a traceback to debug from, with the secrets the process holds removed."""
+    from medbanana import cli
+
+    key = "AIza-test-SECRET-traceback-0123456789"
+    monkeypatch.setenv("GEMINI_API_KEY", key)
+
+    def explode(args):
+        raise KeyError(f"the endpoint answered: x-goog-api-key: {key}")
+
+    monkeypatch.setattr(cli, "cmd_taxonomy", explode)  # the parser binds the command when main() builds it
+    assert cli.main(["taxonomy"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "KeyError" in err
+    assert key not in err and "[redacted]" in err
