@@ -5,7 +5,8 @@ there are fewer units than workers); each worker reads its own JSON and streams 
 crosses processes.
 Each task's images are read once (by reader threads, a few tasks ahead) and written into every config that needs
 them; closed shards are hashed for SHA256SUMS in a thread while writing goes on. The folder is built next to
-`--out` and moved into place only when complete: a failed build leaves the previous one untouched.
+`--out` and moved into place only when complete: a failed build leaves the previous one untouched. What may be
+replaced, and the locks held meanwhile (the runs read shared, `--out` exclusive), are in `output.py`.
 
 Nothing from outside the runs (or `--source-images`) is read, and only JPEG/PNG images are embedded (`safety`):
 a refused input stops the build (`unsafe="error"`) or leaves its task out and is listed in the statistics
@@ -31,9 +32,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..evaluation.stats import EVAL_EXTRA, FIGURE, require_matplotlib, save_figure3
-from .card import render_card
+from .card import build_info, refused_note, render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES
 from .manifest import write_manifest
+from .output import BUILD_INFO, README, BuildError, BuildLocks, move_into_place, run_folder
 from .parquet import ShardedParquetWriter, finalize_shards
 from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
 from .runs import Unit, discover_units, read_tasks, recorded_max_rounds, task_keys, unit_size
@@ -41,16 +43,10 @@ from .safety import POLICIES, Confined, Refused
 from .sources import SourceIndex
 from .stats import BuildStats
 
-BUILD_INFO = "medbanana-build.json"
-README = "README.md"
 DEFAULT_MAX_ROUNDS = 5
 _PROGRESS_EVERY = 25
 _READERS = 4  # threads reading images ahead of the writer
 _READ_AHEAD = 16  # tasks whose images may be in memory ahead of the writer (a few MB)
-
-
-class BuildError(Exception):
-    """A build that cannot proceed, with the reason in words."""
 
 
 @dataclass
@@ -85,7 +81,9 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
 
     `unsafe`: what a refused input does (a path leading outside its root, a file that is not an image, a
     malformed entry): "error" stops the build with a BuildError naming it; "skip" leaves its task out and lists
-    it under `stats.refused`."""
+    it under `stats.refused`. Raises BuildError, before anything is written, for an `out` holding anything a build
+    does not write or an input run (or inside one), and generation.lock.LockHeld when another process writes an
+    input run or builds `out`."""
     configs = tuple(configs)
     unknown = [c for c in configs if c not in CONFIG_FEATURES]
     if unknown or not configs:
@@ -97,42 +95,61 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
     if unsafe not in POLICIES:
         raise BuildError(f"--unsafe must be one of {', '.join(POLICIES)}, not {unsafe!r}")
     max_shard_bytes = parse_size(max_shard_size)
-    out = Path(out).resolve()
-    _check_out(out)
-    found_refused: list[Refused] = []
-    units = discover_all([Path(p) for p in run_dirs], found_refused.append if unsafe == "skip" else None)
+    out, inputs = Path(out).resolve(), [Path(p) for p in run_dirs]
     if source_images is not None and not Path(source_images).is_dir():
         raise BuildError(f"--source-images: folder not found: {source_images}")
-
-    staging = out.with_name(f".{out.name}.building-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        sources_root = Path(source_images).resolve() if source_images else None
-        specs = [PartitionSpec(p, items, staging, configs, test_fraction, max_shard_bytes, sources_root, unsafe)
-                 for p, items in enumerate(plan_partitions(units, num_proc))]
-        stats, digests = _run_partitions(specs, quiet)
-        for exc in found_refused:  # folders and files refused while finding the units
-            stats.add_refusal(exc, task_left_out=False)
-        max_rounds = _max_rounds(units, stats if unsafe == "skip" else None)
-        splits = ["train", "test"] if test_fraction > 0 else ["train"]
-        files, final_digests = _finalize(staging, configs, splits, digests)
-        figure = _draw_figure(stats, staging / FIGURE)
-        info = _build_info(units, configs, splits, files, stats, test_fraction, max_shard_bytes,
-                           source_images is not None, figure, unsafe)
-        (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        note = (f"Built by medbanana {info['medbanana_version']} with datasets {info['datasets_version']}; "
-                f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{_refused_note(stats)}")
-        card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
-                           max_rounds=max_rounds, test_fraction=test_fraction,
-                           sources_attached=source_images is not None, build_note=note, figure=figure)
-        (staging / README).write_text(card, encoding="utf-8")
-        write_manifest(staging, final_digests)
-        _move_into_place(staging, out)
-    except BaseException:
+    if source_images is not None and not IMAGE_CONFIGS & set(configs):
+        raise BuildError(f"--source-images: none of the configs built ({', '.join(configs)}) has a source_image "
+                         "column; add one of " + ", ".join(sorted(IMAGE_CONFIGS)))
+    with BuildLocks(out) as locks:  # refusals come before anything is written (output.py)
+        locks.read(map(run_folder, inputs))
+        found_refused: list[Refused] = []
+        units = discover_all(inputs, found_refused.append if unsafe == "skip" else None)
+        locks.read(unit.run_dir for unit in units)  # a {D}-edit folder or records file given: its run
+        locks.write()
+        staging = out.with_name(f".{out.name}.building-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        raise
+        staging.mkdir(parents=True)
+        try:
+            sources_root = Path(source_images).resolve() if source_images else None
+            specs = [PartitionSpec(p, items, staging, configs, test_fraction, max_shard_bytes, sources_root, unsafe)
+                     for p, items in enumerate(plan_partitions(units, num_proc))]
+            stats, digests = _run_partitions(specs, quiet)
+            sources = _check_sources(stats, source_images)
+            for exc in found_refused:  # folders and files refused while finding the units
+                stats.add_refusal(exc, task_left_out=False)
+            max_rounds = _max_rounds(units, stats if unsafe == "skip" else None)
+            splits = ["train", "test"] if test_fraction > 0 else ["train"]
+            files, final_digests = _finalize(staging, configs, splits, digests)
+            figure = _draw_figure(stats, staging / FIGURE)
+            info = build_info(units, configs, splits, files, stats, test_fraction, max_shard_bytes, sources,
+                               figure, unsafe)
+            (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            note = (f"Built by medbanana {info['medbanana_version']} with datasets {info['datasets_version']}; "
+                    f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{refused_note(stats)}")
+            card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
+                               max_rounds=max_rounds, test_fraction=test_fraction,
+                               sources=sources, build_note=note, figure=figure)
+            (staging / README).write_text(card, encoding="utf-8")
+            write_manifest(staging, final_digests)
+            move_into_place(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # made by this build under the lock: all of it is its own
+            raise
     return info
+
+
+def _check_sources(stats: BuildStats, folder: Path | None) -> dict | None:
+    """The source counts (None without --source-images); a folder that has no task's source is an error, not a
+    build whose source_image is null everywhere."""
+    if folder is None:
+        return None
+    counts = stats.source_counts()
+    if counts["total"] and not counts["matched"]:
+        raise BuildError(f"--source-images {folder}: no source image of the {counts['total']:,} tasks is there (it "
+                         f"holds {len(SourceIndex(folder)):,} image file(s)); looked for e.g. "
+                         f"{counts['missing_examples'][0]}")
+    return counts
 
 
 def _draw_figure(stats: BuildStats, path: Path) -> str | None:
@@ -346,31 +363,6 @@ def _message(exc: Exception) -> str:
     return text
 
 
-def _refused_note(stats: BuildStats) -> str:
-    if not stats.refusals:
-        return ""
-    reasons = ", ".join(f"{n:,} {kind}" for kind, n in sorted(stats.refused.items()))
-    return (f" Refused inputs left out of this build: {len(stats.refusals):,} ({reasons}), "
-            f"{stats.refused_tasks:,} task(s); each is listed under stats.refused in {BUILD_INFO}.")
-
-
-def _build_info(units, configs, splits, files, stats: BuildStats, test_fraction, max_shard_bytes,
-                sources_attached, figure: str | None, unsafe: str = "error") -> dict:
-    import datasets
-
-    from .. import __version__
-
-    runs: dict[str, list[str]] = {}
-    for unit in units:
-        runs.setdefault(unit.run_dir.name, []).append(f"{unit.kind}:{unit.path.name}")
-    return {"format_version": 1, "medbanana_version": __version__, "datasets_version": datasets.__version__,
-            "runs": runs, "test_fraction": test_fraction, "max_shard_bytes": max_shard_bytes,
-            "sources_attached": sources_attached, "figure": figure, "unsafe": unsafe,
-            "configs": {c: {s: {"rows": stats.rows[(c, s)], "files": files.get(c, {}).get(s, [])} for s in splits}
-                        for c in configs},
-            "stats": stats.to_json()}
-
-
 def _max_rounds(units: list[Unit], stats: BuildStats | None) -> int:
     """The card's round limit: the largest a run recorded (policy skip, `stats`: a refused file is recorded)."""
     refused = (lambda exc: stats.add_refusal(exc, task_left_out=False)) if stats is not None else None
@@ -380,19 +372,3 @@ def _max_rounds(units: list[Unit], stats: BuildStats | None) -> int:
         raise BuildError(_message(exc)) from None
     return max((n for n in found if n is not None), default=DEFAULT_MAX_ROUNDS)
 
-
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise BuildError(f"--out {out} is a file")
-    if out.is_dir() and any(out.iterdir()) and not (out / BUILD_INFO).is_file():
-        raise BuildError(f"--out {out} is not empty and not an earlier medbanana build; choose a new folder")
-
-
-def _move_into_place(staging: Path, out: Path) -> None:
-    previous = None
-    if out.exists():
-        previous = out.with_name(f".{out.name}.previous-{os.getpid()}")
-        out.rename(previous)
-    staging.rename(out)
-    if previous is not None:
-        shutil.rmtree(previous)

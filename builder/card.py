@@ -1,4 +1,5 @@
-"""README.md of a built dataset: `dataset_card.md` (package data) filled with this build's real statistics.
+"""README.md of a built dataset: `dataset_card.md` (package data) filled with this build's real statistics; and
+`build_info`, what medbanana-build.json says beside it.
 
 The statistics section is the paper's Table 1, Table 2 (with the most frequent failure reasons) and Figure 3, as
 `medbanana stats` writes them (`evaluation.stats.card_section`). The YAML front matter is serialised by the
@@ -20,6 +21,7 @@ from string import Template
 from ..evaluation.stats import RunSummary, card_section
 from ..generation.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
+from .output import BUILD_INFO
 from .stats import UNMARKED, BuildStats
 
 PRETTY_NAME = "Med-Banana-style medical image edits (medbanana build)"
@@ -91,9 +93,10 @@ def front_matter(stats: BuildStats, present: dict[str, list[str]]) -> str:
 
 
 def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[str]], *, max_rounds: int,
-                test_fraction: float, sources_attached: bool, build_note: str, figure: str | None) -> str:
-    """`configs`: what was asked for; `present`: those with rows -> their non-empty splits; `figure`: Figure 3's
-    file name beside the card, or None when it was not drawn."""
+                test_fraction: float, sources: dict | None, build_note: str, figure: str | None) -> str:
+    """`configs`: what was asked for; `present`: those with rows -> their non-empty splits; `sources`: how many
+    tasks got their source image (`BuildStats.source_counts`), None when none were asked for; `figure`: Figure
+    3's file name beside the card, or None when it was not drawn."""
     splits = ["train", "test"] if test_fraction > 0 else ["train"]
     accepted, failed, api_failed = (stats.total_tasks(s) for s in STATUSES)
     attempts = sum(stats.attempts.values())
@@ -108,8 +111,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
         "max_rounds": max_rounds, "summary": summary,
         "configs_table": _configs_table(stats, configs, splits), "load_examples": _load_examples(list(present)),
         "empty_note": _empty_note(configs, present, splits),
-        "source_note": ("attached from the builder's source folder." if sources_attached else
-                        "null: source images are not redistributed with this build."),
+        "source_note": _source_note(sources),
         "split_note": (f"Splits: `test` holds about {test_fraction:.0%} of the source images, chosen by a hash of "
                        "the source id, so that no source image is in both splits." if test_fraction > 0 else
                        "Splits: everything is in `train`."),
@@ -124,6 +126,17 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
         "build_note": build_note,
     }
     return Template(card_template()).substitute(values)
+
+
+def _source_note(sources: dict | None) -> str:
+    """Completes "`source_image` is ...": attached only as far as it is."""
+    if sources is None:
+        return "null: source images are not redistributed with this build."
+    matched, total = sources["matched"], sources["total"]
+    if matched == total:
+        return f"attached from the builder's source folder, for all {total:,} tasks."
+    return (f"attached from the builder's source folder for {matched:,} of {total:,} tasks ({matched / total:.0%}); "
+            f"null for the other {total - matched:,}, whose source image that folder did not have.")
 
 
 def _configs_table(stats: BuildStats, configs: list[str], splits: list[str]) -> str:
@@ -211,3 +224,32 @@ def _mark_note(stats: BuildStats) -> str:
                 "Med-Banana-50K release): they are synthetic all the same.")
         head += " The marked ones:" if lines else ""
     return "\n".join([head, "", *lines]) if lines else head
+
+
+def refused_note(stats: BuildStats) -> str:
+    """The card's sentence on inputs left out under `--unsafe skip` (empty when none were)."""
+    if not stats.refusals:
+        return ""
+    reasons = ", ".join(f"{n:,} {kind}" for kind, n in sorted(stats.refused.items()))
+    return (f" Refused inputs left out of this build: {len(stats.refusals):,} ({reasons}), "
+            f"{stats.refused_tasks:,} task(s); each is listed under stats.refused in {BUILD_INFO}.")
+
+
+def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, max_shard_bytes,
+               sources: dict | None, figure: str | None, unsafe: str = "error") -> dict:
+    """What medbanana-build.json holds: versions, runs, options, rows and files per config, statistics."""
+    import datasets
+
+    from .. import __version__
+
+    runs: dict[str, list[str]] = {}
+    for unit in units:
+        runs.setdefault(unit.run_dir.name, []).append(f"{unit.kind}:{unit.path.name}")
+    return {"format_version": 1, "medbanana_version": __version__, "datasets_version": datasets.__version__,
+            "runs": runs, "test_fraction": test_fraction, "max_shard_bytes": max_shard_bytes,
+            # claimed only when every task got its source; `sources` counts them (null: none were asked for)
+            "sources_attached": sources is not None and 0 < sources["matched"] == sources["total"],
+            "sources": sources, "figure": figure, "unsafe": unsafe,
+            "configs": {c: {s: {"rows": stats.rows[(c, s)], "files": files.get(c, {}).get(s, [])} for s in splits}
+                        for c in configs},
+            "stats": stats.to_json()}

@@ -2,7 +2,8 @@
 
 The folder follows the original scripts' input layout, `{D}/normal/<stem>.jpg` (sources of add tasks) and
 `{D}/{Disease}/<stem>.jpg` (sources of remove tasks), or is any tree holding files named by source id.
-Lookup order: the run's recorded `source_path`, then the input layout, then a unique file stem anywhere.
+Lookup order: the run's recorded `source_path`, then the input layout, then a unique file stem anywhere but in
+another dataset's folder of the input layout.
 
 Only files inside the folder are read: the walk does not enter linked folders, and a file found (a symlink, say)
 goes through `layout.inside` before it is read; its bytes must be a JPEG or PNG image. Either failure is a
@@ -24,13 +25,20 @@ class SourceIndex:
         if not self.root.is_dir():
             raise FileNotFoundError(f"source images folder not found: {self.root}")
         self._by_stem: dict[str, list[str]] = {}
-        for folder, _dirs, files in os.walk(self.root):  # followlinks=False: a linked folder is not entered
+        self._dataset_dirs: set[str] = set()  # folders of the input layout's {D}: those holding normal/
+        for folder, dirs, files in os.walk(self.root):  # followlinks=False: a linked folder is not entered
+            if "normal" in dirs:
+                self._dataset_dirs.add(os.path.relpath(folder, self.root).replace(os.sep, "/"))
             for name in files:
                 stem, suffix = os.path.splitext(name)
                 if suffix.lower() in IMAGE_SUFFIXES:
                     rel = os.path.relpath(os.path.join(folder, name), self.root).replace(os.sep, "/")
                     self._by_stem.setdefault(stem, []).append(rel)
         self._confined = Confined()
+
+    def __len__(self) -> int:
+        """Image files in the folder."""
+        return sum(map(len, self._by_stem.values()))
 
     def find(self, dataset: str | None, task: str | None, disease: str | None, source_id: str,
              source_path: str | None = None) -> Path | None:
@@ -59,9 +67,25 @@ class SourceIndex:
             parts = rel.split("/")
             if len(parts) >= 2 and parts[-2] == class_dir and (dataset is None or dataset in parts[:-2]):
                 return rel
-        if len(candidates) == 1:
+        if len(candidates) == 1 and not self._in_other_dataset(candidates[0], dataset):
             return candidates[0]
         return None
+
+    def _in_other_dataset(self, rel: str, dataset: str | None) -> bool:
+        """Whether `rel` lies in another dataset's folder of the input layout: a file of the same stem there is
+        that dataset's source (stems such as n00000 recur across datasets), not this task's."""
+        parts = rel.split("/")[:-1]
+        return dataset is not None and any(
+            "/".join(parts[:i + 1]) in self._dataset_dirs and parts[i] != dataset for i in range(len(parts)))
+
+
+def looked_for(dataset: str | None, task: str | None, disease: str | None, source_id: str,
+               source_path: str | None = None) -> str:
+    """What `SourceIndex.find` looks for, in words: said when a source is not found."""
+    names = f"{source_id}.{{{','.join(s.lstrip('.') for s in IMAGE_SUFFIXES)}}}"
+    class_dir = "normal" if task == "add" else disease
+    layout = f"{dataset}/.../{class_dir}/{names}" if dataset else f"{class_dir}/{names}"
+    return (f"{source_path} or " if source_path else "") + f"{layout}, or a single {names} anywhere"
 
 
 def _looked_up(dataset, task, disease, source_id) -> str:

@@ -13,6 +13,7 @@ from functools import cached_property
 from ..evaluation.reasons import reason_phrases
 from ..generation.provenance import read_mark
 from .runs import TaskRecord, as_bool
+from .sources import looked_for
 
 DIMENSIONS = ("compliance", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
 MISSING_EXAMPLES = 20
@@ -40,8 +41,9 @@ class BuildStats:
     image_bytes_read: int = 0
     missing_images: int = 0
     missing_image_examples: list = field(default_factory=list)
-    sources_attached: int = 0
+    sources_attached: int = 0  # tasks whose source image --source-images had (only counted when given)
     sources_missing: int = 0
+    source_missing_examples: list = field(default_factory=list)  # what was looked for, in words
     # inputs refused and left out under `--unsafe skip` (under `error` the first one stops the build)
     refused: Counter = field(default_factory=Counter)  # kind (safety.OUTSIDE, ...) -> refusals
     refusals: list = field(default_factory=list)  # every refusal's message: the file, who named it, why
@@ -91,6 +93,10 @@ class BuildStats:
         if source_found is not None:
             self.sources_attached += source_found
             self.sources_missing += not source_found
+            if not source_found and len(self.source_missing_examples) < MISSING_EXAMPLES:
+                example = looked_for(task.dataset, task.task, task.disease, task.source_id, task.source_path)
+                if example not in self.source_missing_examples:  # one source serves several tasks
+                    self.source_missing_examples.append(example)
 
     def dimension_counts(self) -> dict[str, tuple[int, int]]:
         """dimension -> (attempts passing it, judged attempts reporting it)."""
@@ -133,6 +139,11 @@ class BuildStats:
         partition finished first."""
         return sorted(self.failure_reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
 
+    def source_counts(self) -> dict:
+        """What --source-images gave, as the card, medbanana-build.json and the summary report it."""
+        return {"matched": self.sources_attached, "total": self.sources_attached + self.sources_missing,
+                "missing_examples": self.source_missing_examples}
+
     def total_tasks(self, status: str | None = None) -> int:
         return sum(n for (_m, _t, _d, s), n in self.tasks.items() if status is None or s == status)
 
@@ -157,6 +168,7 @@ class BuildStats:
             "image_files_read": self.image_files_read, "image_bytes_read": self.image_bytes_read,
             "missing_images": self.missing_images, "missing_image_examples": self.missing_image_examples,
             "sources_attached": self.sources_attached, "sources_missing": self.sources_missing,
+            "source_missing_examples": self.source_missing_examples,
             "refused": {"count": len(self.refusals), "tasks_left_out": self.refused_tasks,
                         "by_reason": dict(sorted(self.refused.items())), "items": sorted(self.refusals)},
         }

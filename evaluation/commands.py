@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from ..generation import backends
+from ..generation.lock import hold_lock
+from .failures import eval_exit_code
 
 INPUT_HELP = ("an evaluation folder (samples.jsonl or samples.csv; see evaluation/inputs.py), a folder made by "
               "`medbanana build`, or a run directory")
@@ -22,7 +24,9 @@ def register(subparsers) -> None:
                     "quality (VQ) and the judge's context preservation through a judge backend, 0-10 reported /10 "
                     "with the prompt recorded. Writes OUT/samples.jsonl (one record per sample), OUT/report.md and "
                     "tables per modality, disease and direction (markdown and CSV). Rerunning into the same OUT "
-                    "with the same settings scores only what is missing.")
+                    "with the same settings scores only what is missing. Exit code 0 when samples were scored "
+                    "(failures counted, top reasons on stderr), 3 when none could be (or, with a judge, none got "
+                    "a verdict).")
     p.add_argument("input", type=Path, metavar="INPUT", help=INPUT_HELP)
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created; reused to resume)")
     _add_input_options(p)
@@ -119,12 +123,17 @@ def _samples(args, attempts: str):
 
 
 def run_eval(args) -> int:
-    from .evaluate import EvalOptions, evaluate
-    from .judging import judge_description
-
     attempts = "all" if args.all_attempts else "accepted"
     make_samples = _samples(args, attempts)
     samples = make_samples()  # input errors surface here, before anything is written
+    with hold_lock(args.out, "evaluation folder"):  # one writer: two evals would both append to samples.jsonl
+        return _evaluate_into_out(args, samples, attempts)
+
+
+def _evaluate_into_out(args, samples, attempts: str) -> int:
+    from .evaluate import EvalOptions, evaluate
+    from .judging import judge_description
+
     judge = _judge(args, cache_dir=args.out / "medbanana-cache" / "gemini")
     settings = {"input": str(args.input.resolve()), "config": args.config, "split": args.split,
                 "edits": str(args.edits.resolve()) if args.edits else None, "attempts": attempts,
@@ -135,18 +144,29 @@ def run_eval(args) -> int:
     if args.limit is not None:
         samples = itertools.islice(samples, args.limit)
     summary = evaluate(samples, args.out, settings=settings, options=options, judge=judge)
-    overall = summary["overall"]
-    scores = ", ".join(f"{k} {v:.3f}" for k, v in overall.items()
-                       if k in ("CP", "SSIM", "PSNR", "LPIPS", "EA", "VQ") and v is not None)
-    print(f"{summary['ok']:,} samples scored, {summary['errors']:,} errors, {summary['judge_errors']:,} judge errors; "
-          f"{scores}")
+    print(summary_line(summary))
     for note in summary["notes"]:
         if note.startswith("LPIPS"):
             print(note, file=sys.stderr)
     if args.attention:
         _report_attention(args.input, args.out)
     print(f"wrote {args.out.resolve()}/report.md")
-    return 0
+    return eval_exit_code(summary)
+
+
+def summary_line(summary: dict) -> str:
+    """The printed result: counts, then the scores that exist, the CP mean saying what it leaves out."""
+    shown, excluded = [], (summary.get("cp_excluded") or {}).get("samples", 0)
+    for key, value in summary["overall"].items():
+        if key == "CP" and excluded:  # also when every sample is excluded and there is no mean
+            of = summary["cp_excluded"]["of"]
+            shown.append(f"CP {'–' if value is None else format(value, '.3f')} (over {of - excluded:,} of {of:,}: "
+                         f"{excluded:,} excluded, CP undefined for a full ROI)")
+        elif key in ("CP", "SSIM", "PSNR", "LPIPS", "EA", "VQ") and value is not None:
+            shown.append(f"{key} {value:.3f}")
+    counts = (f"{summary['ok']:,} samples scored, {summary['errors']:,} errors, "
+              f"{summary['judge_errors']:,} judge errors")
+    return f"{counts}; {', '.join(shown)}" if shown else counts
 
 
 def _report_attention(run_dir: Path, out: Path) -> None:

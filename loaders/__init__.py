@@ -10,9 +10,10 @@ without decoding images; the converters in `medbanana.loaders.trl` (`to_refiner_
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
-from ..builder.sources import SourceIndex
+from ..builder.sources import SourceIndex, looked_for
 from .hub import load_medbanana, to_pandas
 from .trl import convert, to_diffusion_dpo, to_editor_sft, to_judge_sft, to_refiner_dpo
 
@@ -27,7 +28,8 @@ def attach_sources(ds, source_dir: str | Path, *, strict: bool = False):
 
     `source_dir` follows the original input layout (`{D}/normal/<stem>.jpg`, `{D}/{Disease}/<stem>.jpg`) or is any
     tree of files named by source id. The files' bytes go in as they are. Rows without a match keep a null
-    `source_image`, or raise a ValueError when `strict`. Other columns, images included, are not touched.
+    `source_image` (counted in a warning), or raise a ValueError when `strict`; a folder with no image, or (not
+    streaming) matching no row, is a ValueError. Other columns, images included, are not touched.
     Only files inside `source_dir` are read (a symlink leading out of it is refused) and only JPEG or PNG images
     are attached: either refusal raises `medbanana.builder.safety.Refused` (a ValueError) naming the file.
     """
@@ -38,6 +40,8 @@ def attach_sources(ds, source_dir: str | Path, *, strict: bool = False):
         raise ValueError("this config has no source_image column (conversations has none); "
                          "use sft, failed, dpo_pairs or judge")
     index = SourceIndex(Path(source_dir))
+    if not len(index):  # the wrong folder: said now rather than as a dataset of nulls
+        raise ValueError(f"no source image to attach: {source_dir} holds no JPEG or PNG file")
 
     def fill(dataset, task, disease, source_id, source_path):
         value = index.image_value(dataset, task, disease, source_id, source_path)
@@ -46,9 +50,26 @@ def attach_sources(ds, source_dir: str | Path, *, strict: bool = False):
         return {"source_image": value}
 
     if not hasattr(ds, "cache_files"):  # streaming: map's output is typed only by a cast afterwards
-        return ds.map(fill, input_columns=_IDENTITY).cast(ds.features)
-    return ds.map(fill, input_columns=_IDENTITY, features=ds.features, writer_batch_size=100,
-                  new_fingerprint=_fingerprint(ds, source_dir))
+        return ds.map(fill, input_columns=_IDENTITY).cast(ds.features)  # lazy: only `strict` can check matches
+    filled = ds.map(fill, input_columns=_IDENTITY, features=ds.features, writer_batch_size=100,
+                    new_fingerprint=_fingerprint(ds, source_dir))
+    _count_matches(filled, source_dir)
+    return filled
+
+
+def _count_matches(ds, source_dir) -> None:
+    """No match at all is a ValueError (the folder is not the one these rows came from); a partial match is a
+    warning with the count. Read from the column's null count: also right when map's result came from cache."""
+    total = ds.num_rows
+    matched = total - ds.data.column("source_image").null_count
+    if total and not matched:
+        first = ds.select_columns(_IDENTITY)[0]
+        raise ValueError(f"no source image in {source_dir} for any of the {total:,} rows; looked for e.g. "
+                         f"{looked_for(*(first[c] for c in _IDENTITY))}")
+    if matched < total:
+        warnings.warn(f"attach_sources: {matched:,} of {total:,} rows got a source image from {source_dir}; the "
+                      f"other {total - matched:,} keep a null source_image (strict=True makes that an error)",
+                      stacklevel=3)
 
 
 def _fingerprint(ds, source_dir) -> str:

@@ -1,0 +1,181 @@
+"""The folder a build writes (`--out`): what it may replace, its lock, and publishing it by rename.
+
+A build is staged beside `--out` (`.NAME.building-PID`) and renamed into place, so the lock cannot live inside
+`--out`: it would be renamed away with the old folder, published with the new one, and a second build would lock
+a different file. It lives beside it, `.NAME.medbanana.lock` in the parent, held from the first check of `--out`
+until the previous build is removed, then removed; builds into other folders of the same parent do not contend.
+
+A build replaces only what builds write (`OWN_FILES`, the config folders' parquet shards). Anything else in
+`--out`, and an input run inside `--out` or holding it, is refused before anything is written or deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from ..evaluation.stats import FIGURE
+from ..generation.lock import LOCK_NAME, DirLock, hold_lock
+from .features import CONFIG_NAMES
+from .manifest import MANIFEST
+
+BUILD_INFO = "medbanana-build.json"
+README = "README.md"
+OWN_FILES = frozenset({BUILD_INFO, README, MANIFEST, FIGURE})
+_SHOWN = 5  # unknown entries named in the refusal
+
+
+class BuildError(Exception):
+    """A build that cannot proceed, with the reason in words (defined here, raised by build.py too)."""
+
+
+class _OutputLock(DirLock):
+    """The lock of `out`, a file beside it (module docstring), with `hold_lock`'s semantics. Unlike a run's lock
+    file it is removed when the build ends, so a build leaves nothing beside `--out`. That is safe only because
+    the writer removes it while still holding it, and every taker checks after locking that the file it locked
+    is still the one at the path (else locks again): a process that opened it just before the removal cannot
+    hold a lock of a file nobody else sees."""
+
+    def __init__(self, out: Path, shared: bool = False):
+        super().__init__(out.parent, f"where --out {out.name} is built and published", shared=shared)
+        self.path = out.parent / f".{out.name}.{LOCK_NAME}"
+
+    def acquire(self) -> _OutputLock:
+        while True:
+            super().acquire()
+            if self._fd is None:  # a reader, and no build holds it
+                return self
+            try:
+                if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
+                    return self
+            except FileNotFoundError:
+                pass
+            super().release()  # the file locked was removed by the build before: lock the one there now
+
+    def release(self) -> None:
+        if self._fd is not None and not self.shared:
+            self.path.unlink(missing_ok=True)  # before the lock goes (see acquire)
+        super().release()
+
+
+@contextmanager
+def output_lock(out: Path, *, shared: bool = False):
+    """Hold the lock of the build folder `out`: exclusive to build it, shared to read it (e.g. to upload it).
+    Raises generation.lock.LockHeld at once when another process holds it in a conflicting way."""
+    lock = _OutputLock(Path(out).resolve(), shared=shared).acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+class BuildLocks(ExitStack):
+    """The locks of one build, held until the `with` block ends. `read(folders)` checks the placement of input
+    runs and locks them shared: refused while `generate` or `merge` writes one, and neither can start while the
+    build reads. `write()` checks `out` and locks it. Refusals (BuildError, or LockHeld naming the other process)
+    come before anything is written."""
+
+    def __init__(self, out: Path):
+        super().__init__()
+        self.out, self._read = Path(out).resolve(), set()
+
+    def read(self, folders: Iterable[Path]) -> None:
+        folders = {Path(f).resolve() for f in folders} - self._read
+        check_placement(self.out, folders)
+        for folder in sorted(folders):
+            self.enter_context(hold_lock(folder, "run directory", shared=True))
+            self._read.add(folder)
+
+    def write(self) -> None:
+        check_out(self.out)  # before the lock too: a refusal writes nothing, not even the lock file
+        self.enter_context(output_lock(self.out))  # until the previous build is removed (module docstring)
+        check_out(self.out)  # again, now that no other build can change it
+
+
+def run_folder(path: Path) -> Path:
+    """The folder of an input as given: a records file's folder, or the directory itself."""
+    path = Path(path).resolve()
+    return path.parent if path.is_file() else path
+
+
+def check_placement(out: Path, inputs: Iterable[Path]) -> None:
+    """Refuse an input inside `out` (the build would replace it) or holding `out` (the build would write into
+    the run). Paths are compared resolved, so symlinks do not hide either."""
+    out = Path(out).resolve()
+    for given in inputs:
+        path = Path(given).resolve()
+        if path == out:
+            raise BuildError(f"--out {out} is the input {given}; write the build to another folder")
+        if path.is_relative_to(out):
+            raise BuildError(f"--out {out} holds the input {given}, which a rebuild there would delete; "
+                             "write the build to another folder")
+        if path.is_dir() and out.is_relative_to(path):
+            raise BuildError(f"--out {out} is inside the input {given}; write the build outside the run")
+
+
+def check_out(out: Path) -> None:
+    """Refuse an `out` that is a file, or holds anything a build does not write: a rebuild deletes what it
+    holds, so only an empty folder or an earlier build with nothing added is replaced."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise BuildError(f"--out {out} is not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / BUILD_INFO).is_file():
+        raise BuildError(f"--out {out} is not empty and not an earlier medbanana build; choose a new folder")
+    unknown = sorted(foreign_entries(out))
+    if unknown:
+        shown = ", ".join(unknown[:_SHOWN]) + (f" and {len(unknown) - _SHOWN} more" if len(unknown) > _SHOWN else "")
+        raise BuildError(f"--out {out} holds what a build did not write: {shown}; a rebuild replaces the "
+                         "folder, so move them out or choose a new folder")
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """Entries of `out` (relative, folders ending in /) that builds do not write; symlinks are never theirs."""
+    foreign = []
+    for entry in out.iterdir():
+        if entry.is_symlink():
+            foreign.append(entry.name)
+        elif entry.name in CONFIG_NAMES and entry.is_dir():
+            foreign += [f"{entry.name}/{p.name}" + ("/" if p.is_dir() else "") for p in entry.iterdir()
+                        if p.is_symlink() or not p.is_file() or p.suffix != ".parquet"]
+        elif entry.name not in OWN_FILES or not entry.is_file():
+            foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+    return foreign
+
+
+def move_into_place(staging: Path, out: Path) -> None:
+    """Publish `staging` as `out` by renames; the previous build is removed file by file, its own files only."""
+    previous = None
+    if out.exists():
+        previous = out.with_name(f".{out.name}.previous-{os.getpid()}")
+        out.rename(previous)
+    staging.rename(out)
+    if previous is not None:
+        remove_build(previous)
+
+
+def remove_build(folder: Path) -> None:
+    """Delete the files a build writes from `folder`, then the folder if that empties it. Anything else (added
+    after the check, despite it) is kept, with a warning naming where."""
+    for entry in folder.iterdir():
+        if entry.name in CONFIG_NAMES and entry.is_dir() and not entry.is_symlink():
+            for shard in entry.glob("*.parquet"):
+                if shard.is_file() and not shard.is_symlink():
+                    shard.unlink()
+            _rmdir_if_empty(entry)
+        elif entry.name in OWN_FILES and entry.is_file() and not entry.is_symlink():
+            entry.unlink()
+    if not _rmdir_if_empty(folder):
+        warnings.warn(f"kept {folder}: it holds files a build did not write ({', '.join(foreign_entries(folder))})",
+                      stacklevel=3)
+
+
+def _rmdir_if_empty(folder: Path) -> bool:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty
+        return False
+    return True
