@@ -287,7 +287,7 @@ def test_opening_a_run_removes_what_killed_writes_left_and_continues_a_killed_re
 
 # ---------------------------------------------------------------- kill -9 soak
 
-KILLS = 10
+KILLS = 20  # the soak: kill -9 at 20 random moments under injected faults
 FAULTS = ["503:rate=0.15", "malformed_json:rate=0.15", "text_only:rate=0.1", "safety:role=writer,rate=0.1"]
 
 

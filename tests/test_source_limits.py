@@ -49,9 +49,11 @@ def test_the_issue_png_is_a_source_error_from_its_header_in_little_memory(tmp_pa
     write_jpeg(normal / "fine.jpeg", 1)
     assert (normal / "huge.png").stat().st_size < 200_000
     run_dir = tmp_path / "run"
-    # its own process, so that its peak RSS is its own (RUSAGE_CHILDREN would also count earlier children)
-    code = ("import resource, sys; from medbanana.cli import main; rc = main(sys.argv[1:]); "
-            "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+    # its own process, its peak RSS read as VmHWM: the high-water mark of its own address space (getrusage's
+    # ru_maxrss survives exec, so it would report the forked pytest process's size, GBs late in the suite)
+    code = ("import re, sys; from medbanana.cli import main; rc = main(sys.argv[1:]); "
+            "status = open('/proc/self/status').read(); "
+            "print('maxrss_kb', re.search(r'VmHWM:\\s+(\\d+) kB', status)[1]); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, *generate_argv(tmp_path / "sources", run_dir)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 3, done.stderr  # the refused sources are api_failed tasks
