@@ -4,10 +4,11 @@ import argparse
 import base64
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 import yaml
+from stub_http import JSONHandler
 
 from medbanana.builder import commands
 from medbanana.builder.build import build
@@ -15,7 +16,7 @@ from medbanana.builder.build import build
 TOKEN = "hf_stubtoken_never_printed"
 
 
-class StubHub(BaseHTTPRequestHandler):
+class StubHub(JSONHandler):
     """The endpoints `HfApi.upload_folder` needs; validate-yaml really parses the README's YAML."""
 
     def do_POST(self):
@@ -63,16 +64,6 @@ class StubHub(BaseHTTPRequestHandler):
         self.server.hub["yaml_errors"] = errors
         return {"errors": [{"message": e} for e in errors], "warnings": []}
 
-    def _json(self, obj, code=200):
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import write_jpeg
+from stub_http import JSONHandler
 from medbanana.builder.build import build
 from medbanana.cli import main
 from medbanana.generation import layout, secrets
@@ -57,7 +58,7 @@ def test_scrub_keeps_json_valid_images_untouched_and_clean_text_identical(monkey
 
 # ---------------------------------------------------------------- the echo server
 
-class Echo(BaseHTTPRequestHandler):
+class Echo(JSONHandler):
     """Gemini generateContent and OpenAI chat completions, each answer quoting the request's headers.
 
     Calls are counted per role (runs use --concurrency 1, so the order is fixed): the writer's k-th instruction says
@@ -75,7 +76,7 @@ class Echo(BaseHTTPRequestHandler):
         role = _openai_role(body) if openai else _gemini_role(body)
         n = state["calls"][role] = state["calls"].get(role, -1) + 1
         if role == "writer" and n == state["fail_writer"]:
-            return self._send({"error": {"code": 401, "message": f"bad key; {echo}", "status": "UNAUTHENTICATED"}},
+            return self._json({"error": {"code": 401, "message": f"bad key; {echo}", "status": "UNAUTHENTICATED"}},
                               401)
         if role == "editor":
             return self._gemini(*_edit(body, echo), echo)
@@ -86,7 +87,7 @@ class Echo(BaseHTTPRequestHandler):
                                         "fidelity_preserved": True, "qualified": n % 3 == 1,
                                         "reason": f"Checked. {echo}"}), f"Compared. {echo}"
         if openai:
-            return self._send({"id": f"echo-{n}", "object": "chat.completion", "created": 0, "model": body["model"],
+            return self._json({"id": f"echo-{n}", "object": "chat.completion", "created": 0, "model": body["model"],
                                "choices": [{"index": 0, "finish_reason": "stop", "message": {
                                    "role": "assistant", "content": text, "reasoning_content": thought}}],
                                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
@@ -94,19 +95,9 @@ class Echo(BaseHTTPRequestHandler):
         self._gemini([{"text": thought, "thought": True}, {"text": text}], "STOP", echo)
 
     def _gemini(self, parts: list[dict], finish: str, echo: str):
-        self._send({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish,
+        self._json({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish,
                                     "index": 0}], "usageMetadata": {"promptTokenCount": 1}, "modelVersion": echo})
 
-    def _send(self, obj, code=200):
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 def _edit(body: dict, echo: str) -> tuple[list[dict], str]:

@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from stub_http import JSONHandler
+
 from medbanana.builder.build import build
 from medbanana.cli import main
 
@@ -29,7 +31,7 @@ def _blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-class Hub(BaseHTTPRequestHandler):
+class Hub(JSONHandler):
     """One dataset repository: create, preupload, commit (added and deleted files), tree listing, repo info.
     `fail_after` N: every commit after the first N is refused, as if the upload were cut off there."""
 
@@ -101,16 +103,6 @@ class Hub(BaseHTTPRequestHandler):
     def _base(self) -> str:
         return f"http://127.0.0.1:{self.server.server_port}"
 
-    def _json(self, obj, code=200):
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
