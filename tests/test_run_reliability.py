@@ -314,11 +314,11 @@ def _continuing(out: Path) -> set[str]:
 
 def test_kill_9_soak_under_faults_with_a_dropped_cache_and_a_killed_retry(tmp_path):
     rng, out = random.Random(14), tmp_path / "run"
-    sources = _make_sources(tmp_path / "sources", normal=5, diseased=3)  # 13 tasks, ~45 journal lines
+    sources = _make_sources(tmp_path / "sources", normal=8, diseased=4)  # 20 tasks, ~70 journal lines
     tasks = _tasks(sources)
     with FakeGemini(engine="echo", latency=0.02, accept_rate=0.4, faults=FAULTS) as fake:
         env, kills, dropped = _env(fake), 0, 0
-        for _ in range(KILLS + 5):  # spare starts, in case a run ends before its kill point
+        for _ in range(KILLS + 10):  # spare starts, in case a run ends before its kill point
             if kills == KILLS:
                 break
             target = len(read_journal(out / layout.JOURNAL)) + rng.randint(1, 2)
