@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..evaluation.stats import FIGURE
-from ..generation.lock import LOCK_NAME, DirLock, hold_lock
+from ..generation.lock import hold_lock
 from .features import CONFIG_NAMES
 from .manifest import MANIFEST
 
@@ -32,44 +32,14 @@ class BuildError(Exception):
     """A build that cannot proceed, with the reason in words (defined here, raised by build.py too)."""
 
 
-class _OutputLock(DirLock):
-    """The lock of `out`, a file beside it (module docstring), with `hold_lock`'s semantics. Unlike a run's lock
-    file it is removed when the build ends, so a build leaves nothing beside `--out`. That is safe only because
-    the writer removes it while still holding it, and every taker checks after locking that the file it locked
-    is still the one at the path (else locks again): a process that opened it just before the removal cannot
-    hold a lock of a file nobody else sees."""
-
-    def __init__(self, out: Path, shared: bool = False):
-        super().__init__(out.parent, f"where --out {out.name} is built and published", shared=shared)
-        self.path = out.parent / f".{out.name}.{LOCK_NAME}"
-
-    def acquire(self) -> _OutputLock:
-        while True:
-            super().acquire()
-            if self._fd is None:  # a reader, and no build holds it
-                return self
-            try:
-                if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
-                    return self
-            except FileNotFoundError:
-                pass
-            super().release()  # the file locked was removed by the build before: lock the one there now
-
-    def release(self) -> None:
-        if self._fd is not None and not self.shared:
-            self.path.unlink(missing_ok=True)  # before the lock goes (see acquire)
-        super().release()
-
-
 @contextmanager
 def output_lock(out: Path, *, shared: bool = False):
-    """Hold the lock of the build folder `out`: exclusive to build it, shared to read it (e.g. to upload it).
-    Raises generation.lock.LockHeld at once when another process holds it in a conflicting way."""
-    lock = _OutputLock(Path(out).resolve(), shared=shared).acquire()
-    try:
+    """Hold the lock of the build folder `out` (a file beside it, removed when the build ends): exclusive to build
+    it, shared to read it (e.g. to upload it). Raises generation.lock.LockHeld at once when another process holds
+    it in a conflicting way."""
+    out = Path(out).resolve()
+    with hold_lock(out, f"--out {out.name}, built and published by a rename", shared=shared, beside=True) as lock:
         yield lock
-    finally:
-        lock.release()
 
 
 class BuildLocks(ExitStack):

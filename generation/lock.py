@@ -73,18 +73,33 @@ class DirLock:
     """The lock of one folder; `acquire()` raises LockHeld instead of waiting. Prefer `hold_lock`."""
 
     def __init__(self, folder: Path, what: str = "folder", *, shared: bool = False, beside: bool = False):
-        self.folder, self.what, self.shared = Path(folder), what, shared
+        self.folder, self.what, self.shared, self.beside = Path(folder), what, shared, beside
         # beside: for a folder replaced by a rename (a build made next to it): a lock inside would go with it
         self.path = self.folder.parent / f".{self.folder.name}.{LOCK_NAME}" if beside else self.folder / LOCK_NAME
         self._fd: int | None = None
 
     def acquire(self) -> "DirLock":
+        """Lock, or raise LockHeld. A lock file beside its folder is removed by the writer that releases it (so
+        nothing is left beside the folder), while still holding it: a taker therefore checks after locking that
+        the file it locked is still the one at the path, and locks again if not."""
+        while True:
+            self._acquire_once()
+            if not self.beside or self._fd is None:
+                return self
+            try:
+                if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
+                    return self
+            except FileNotFoundError:
+                pass
+            self.release()  # locked a file its writer removed meanwhile: lock the one at the path now
+
+    def _acquire_once(self) -> None:
         if self._fd is not None:
-            return self
+            return
         if self.shared:
             fd = self._open_for_reading()
             if fd is None:
-                return self
+                return
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated before the lock is ours
@@ -105,7 +120,6 @@ class DirLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
         self._fd = fd
-        return self
 
     def _open_for_reading(self) -> int | None:
         """The lock file, read-only; None when there is none: no writer ever locked the folder, and a reader
@@ -117,8 +131,10 @@ class DirLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock; the file stays (unlinking it would race a new holder)
-            self._fd = None
+            if self.beside and not self.shared:
+                self.path.unlink(missing_ok=True)  # while still held: takers check what they locked (acquire)
+            os.close(self._fd)  # closing drops the flock; a lock file inside its folder stays (unlinking it
+            self._fd = None     # there would race a new holder, who does not check)
 
     @property
     def held(self) -> bool:
@@ -129,7 +145,8 @@ class DirLock:
 def hold_lock(folder: Path, what: str = "folder", *, shared: bool = False, beside: bool = False):
     """Hold FOLDER's lock for the `with` block: exclusive to write (the folder is created), shared to read.
     Raises LockHeld at once when another process holds it in a conflicting way. With beside=True the lock file
-    is FOLDER/../.NAME.medbanana.lock, for a folder that is replaced by renaming a new one into place."""
+    is FOLDER/../.NAME.medbanana.lock, for a folder that is replaced by renaming a new one into place; the writer
+    removes it when done, so nothing is left beside the folder."""
     lock = DirLock(folder, what, shared=shared, beside=beside).acquire()
     try:
         yield lock
