@@ -32,7 +32,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args) -> int:
-    from .generation.pipeline import run_demo
+    from .generation.runners.generate import run_demo
 
     summary = run_demo(args.out, n_normal=args.normal, n_diseased=args.diseased, concurrency=args.concurrency,
                        seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build)
@@ -46,9 +46,9 @@ def cmd_generate(args) -> int:
 
     from PIL import Image
 
-    from .generation.pipeline import BackendSpec, default_backend, generate, run_config
-    from .generation.runner import RunOptions
-    from .generation.sources import Selection
+    from .generation.runners.generate import BackendSpec, default_backend, generate, run_config
+    from .generation.runners.local import RunOptions
+    from .generation.sources.scan import Selection
 
     # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
@@ -97,7 +97,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from .generation.merge import merge_runs
+    from .generation.rundir.merge import merge_runs
 
     counts = merge_runs(args.runs, args.out)
     print(f"merged {counts['tasks']} finished tasks from {counts['inputs']} run directories into {args.out}")
@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_taxonomy)
 
     from .evaluation import commands as evaluation_commands
-    from .generation import prepare as prepare_command
+    from .generation.sources import prepare as prepare_command
 
     prepare_command.register(sub)
     evaluation_commands.register(sub)
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from .generation.lock import EXIT_LOCKED, LockHeld
+    from .generation.rundir.lock import EXIT_LOCKED, LockHeld
 
     try:
         return args.func(args)

@@ -54,9 +54,9 @@ def make_sources(root: Path, tasks: int) -> Path:
 def run_one(args) -> dict:
     """One configuration in this process (a child of main): run, then report figures as a JSON line."""
     imports = time.perf_counter()  # a one-off cost of every run (google-genai, pydantic models), printed apart
-    from medbanana.generation import gemini, transport  # noqa: F401
-    from medbanana.generation.pipeline import BackendSpec, generate
-    from medbanana.generation.runner import RunOptions
+    from medbanana.generation.backends import gemini, gemini_transport as transport# noqa: F401
+    from medbanana.generation.runners.generate import BackendSpec, generate
+    from medbanana.generation.runners.local import RunOptions
 
     imports = time.perf_counter() - imports
     roles = {"writer": "gemini", "editor": "gemini", "judge": "gemini"}
@@ -90,7 +90,7 @@ def main() -> None:
         return
 
     work = Path(tempfile.mkdtemp(prefix="medbanana-bench-gemini-"))
-    fake = subprocess.Popen([sys.executable, "-m", "medbanana.generation.fake_gemini", "--engine", "echo",
+    fake = subprocess.Popen([sys.executable, "-m", "medbanana.generation.testing.fake_gemini", "--engine", "echo",
                              "--latency", str(args.latency)], stdout=subprocess.PIPE, text=True)
     try:
         base_url = fake.stdout.readline().rsplit(" ", 1)[1].strip()

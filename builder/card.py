@@ -19,7 +19,7 @@ from importlib import resources
 from string import Template
 
 from ..evaluation.stats import RunSummary, card_section
-from ..generation.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
+from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from .output import BUILD_INFO
 from .stats import UNMARKED, BuildStats

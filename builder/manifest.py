@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..generation import layout
+from ..generation.rundir import layout
 
 MANIFEST = "SHA256SUMS"
 _CHUNK = 8 * 2**20

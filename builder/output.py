@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..evaluation.stats import FIGURE
-from ..generation.lock import hold_lock
+from ..generation.rundir.lock import hold_lock
 from .features import CONFIG_NAMES
 from .manifest import MANIFEST
 

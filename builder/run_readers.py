@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..generation import layout
+from ..generation.rundir import layout
 from ..generation.taxonomy import DIRECTIONS, load_taxonomy
 from . import run_json
 from . import run_schema as schema

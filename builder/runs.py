@@ -34,7 +34,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..generation import layout
+from ..generation.rundir import layout
 from ..generation.taxonomy import load_taxonomy
 from . import run_schema as schema
 from .features import VERDICT_FIELDS

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..evaluation.reasons import reason_phrases
-from ..generation.provenance import read_mark
+from ..generation.rundir.provenance import read_mark
 from .runs import TaskRecord, as_bool
 from .sources import looked_for
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..generation import layout
+from ..generation.rundir import layout
 from ..generation.taxonomy import load_taxonomy
 
 DEFAULT_DATASETS = ("MIMIC_synthetic_cxr", "Brain_Tumor_MRI_synthetic", "ODIR_synthetic")

@@ -77,7 +77,7 @@ def load_editor(location: str, args: DiffusionDPOArguments, **components):
     """The StableDiffusionInstructPix2PixPipeline at `location` (float32, no safety checker), checked to be one."""
     import torch
 
-    from medbanana.generation.diffusers_editor import load_pipeline
+    from medbanana.generation.backends.diffusers_editor import load_pipeline
 
     pipeline = load_pipeline(location, torch.float32, revision=args.revision,
                              trust_remote_code=args.trust_remote_code, **components)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..generation import backends
-from ..generation.lock import hold_lock
+from ..generation.rundir.lock import hold_lock
 from .failures import eval_exit_code
 
 INPUT_HELP = ("an evaluation folder (samples.jsonl or samples.csv; see evaluation/inputs.py), a folder made by "
@@ -170,7 +170,7 @@ def summary_line(summary: dict) -> str:
 
 
 def _report_attention(run_dir: Path, out: Path) -> None:
-    from ..generation.attention import run_samples, summarise
+    from ..generation.backends.attention import run_samples, summarise
 
     per_disease = summarise(run_samples(run_dir))
     if not per_disease:

@@ -65,7 +65,7 @@ def print_reasons(reasons: list[tuple[str, int]], *, total_kinds: int | None = N
 
 def api_failures(run_dir: Path) -> list[dict]:
     """Every api_failed task's failure (task, step, kind, error) from the run's materialised api_failures.json."""
-    from ..generation import layout
+    from ..generation.rundir import layout
 
     found = []
     for _, _, folder in layout.find_output_dirs(Path(run_dir)):

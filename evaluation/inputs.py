@@ -35,7 +35,7 @@ from ..builder.features import CONFIG_NAMES, VERDICT_FIELDS
 from ..builder.rows import canonical_prompt
 from ..builder.runs import IMAGE_SUFFIXES, discover_units, read_tasks, verdict_values
 from ..builder.sources import SourceIndex
-from ..generation import layout
+from ..generation.rundir import layout
 from ..generation.records import decode_rgb
 from ..generation.taxonomy import DIRECTIONS, load_taxonomy
 

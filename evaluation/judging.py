@@ -55,7 +55,7 @@ def judge_description(judge) -> dict:
             "prompt": None, "prompt_template": None}
     scoring = {"method": "scorer" if can_score(judge) else "verdict_passes", "prompt": None, "prompt_template": None}
     if info["backend"] == "gemini":
-        from ..generation.gemini import load_prompt
+        from ..generation.backends.gemini import load_prompt
 
         prompt, score_prompt = load_prompt("judge"), load_prompt("eval_score")
         info.update(prompt=prompt.tag, prompt_template=prompt.template.template,
@@ -88,7 +88,7 @@ def task_of(sample: Sample) -> Task:
 def rendered_prompt(judge, sample: Sample) -> str | None:
     if getattr(judge, "name", None) != "gemini":
         return None
-    from ..generation.gemini import judge_prompt
+    from ..generation.backends.gemini import judge_prompt
 
     try:
         return judge_prompt(task_of(sample), sample.instruction)
@@ -99,7 +99,7 @@ def rendered_prompt(judge, sample: Sample) -> str | None:
 def rendered_score_prompt(judge, sample: Sample) -> str | None:
     if getattr(judge, "name", None) != "gemini":
         return None
-    from ..generation.gemini import score_prompt
+    from ..generation.backends.gemini import score_prompt
 
     try:
         return score_prompt(task_of(sample), sample.instruction, sample.ground_truth is not None)

@@ -45,9 +45,9 @@ from scipy import ndimage
 from skimage.metrics import structural_similarity
 
 from ..generation.records import open_image
-from ..generation.simulator.anatomy import estimate_anatomy
-from ..generation.simulator.imaging import ANAT, WORK, resize_rgb
-from ..generation.simulator.judge import Thresholds
+from ..generation.backends.simulator.anatomy import estimate_anatomy
+from ..generation.backends.simulator.imaging import ANAT, WORK, resize_rgb
+from ..generation.backends.simulator.judge import Thresholds
 from ..generation.taxonomy import load_taxonomy
 
 CP_MODES = ("correct", "medebench")

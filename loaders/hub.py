@@ -8,7 +8,7 @@ import datasets
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
 from ..builder.features import CONFIG_FEATURES, CONFIG_NAMES, image_columns
-from ..generation import layout
+from ..generation.rundir import layout
 
 
 def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str | None = "train",

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from medbanana.generation import prepare
+from medbanana.generation.sources import prepare
 
 
 def scan(seed: int, size=(120, 90), mode: str = "L") -> Image.Image:

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import write_jpeg
 from medbanana.cli import main
-from medbanana.generation.lock import hold_lock
+from medbanana.generation.rundir.lock import hold_lock
 from PIL import Image
 
 EXIT_LOCKED = 75  # documented (generation/lock.py, README), pinned here on purpose

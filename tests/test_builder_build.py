@@ -11,7 +11,7 @@ from datasets import Image, load_dataset
 
 from medbanana.builder.build import BuildError, build
 from medbanana.builder.features import CONFIG_FEATURES, CONFIG_NAMES
-from medbanana.generation import layout
+from medbanana.generation.rundir import layout
 
 SHARED_SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 

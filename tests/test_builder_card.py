@@ -212,7 +212,7 @@ def test_readme_embeds_table1_table2_and_figure3_listed_in_the_manifest(built, b
 
 def test_card_counts_synthetic_content_marks_and_needs_no_matplotlib(builder_ours_run, tmp_path, monkeypatch):
     from medbanana.builder import build as build_module
-    from medbanana.generation.provenance import mark_synthetic
+    from medbanana.generation.rundir.provenance import mark_synthetic
 
     run = tmp_path / "run"
     shutil.copytree(builder_ours_run, run)

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from medbanana.cli import main
-from medbanana.generation import backends, layout
+from medbanana.generation import backends
+from medbanana.generation.rundir import layout
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import pytest
 from datasets import load_dataset
 
 from conftest import SHARED_SAMPLES
-from medbanana.generation import layout
-from medbanana.generation.runner import RunOptions
-from medbanana.generation.pipeline import generate
+from medbanana.generation.rundir import layout
+from medbanana.generation.runners.local import RunOptions
+from medbanana.generation.runners.generate import generate
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -44,7 +44,7 @@ def test_demo_command_end_to_end(tmp_path):
             assert len(r["rounds"]) == 5
     stats = json.loads((out / "run" / layout.STATS).read_text())
     assert stats["success"] == statuses["success"] and stats["failed"] == statuses["failed"]
-    from medbanana.generation.provenance import read_mark
+    from medbanana.generation.rundir.provenance import read_mark
 
     edit = out / "run" / records[0]["rounds"][0]["image"]
     assert read_mark(edit.read_bytes()).digital_source_type == "compositeSynthetic"  # procedural, not a model

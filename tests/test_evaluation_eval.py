@@ -16,7 +16,7 @@ from medbanana.evaluation import commands
 from medbanana.evaluation.evaluate import EvalOptions, evaluate, read_records
 from medbanana.evaluation.inputs import open_samples
 from medbanana.evaluation.judging import judge_description, make_judge
-from medbanana.generation.fake_gemini import FakeGemini
+from medbanana.generation.testing.fake_gemini import FakeGemini
 
 KEY = "test-key-eval-51c0"
 

@@ -15,14 +15,14 @@ from test_evaluation_eval import KEY, chest_like, eval_parser, write_manifest
 from medbanana.evaluation.evaluate import read_records
 from medbanana.evaluation.judging import can_score, judge_description, make_judge
 from medbanana.generation.backends import Judge
-from medbanana.generation.fake_gemini import FakeGemini
-from medbanana.generation.gemini import load_prompt, score_prompt
+from medbanana.generation.testing.fake_gemini import FakeGemini
+from medbanana.generation.backends.gemini import load_prompt, score_prompt
 from medbanana.generation.records import EditedImage, SourceImage, Task, encode_jpeg
-from medbanana.generation.simulator.editor import SimulatedEditor
-from medbanana.generation.simulator.judge import PixelJudge
-from medbanana.generation.simulator.phantoms import normal_source
-from medbanana.generation.simulator.scores import ramp
-from medbanana.generation.simulator.writer import compose, first_params
+from medbanana.generation.backends.simulator.editor import SimulatedEditor
+from medbanana.generation.backends.simulator.judge import PixelJudge
+from medbanana.generation.backends.simulator.phantoms import normal_source
+from medbanana.generation.backends.simulator.scores import ramp
+from medbanana.generation.backends.simulator.writer import compose, first_params
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from PIL import Image
 from medbanana.builder.build import build
 from medbanana.evaluation import commands, stats
 from medbanana.evaluation.reasons import reason_phrases
-from medbanana.generation import layout
+from medbanana.generation.rundir import layout
 
 CXR, FUNDUS = "MIMIC_hand_cxr", "ODIR_hand_fundus"
 SUBTLE = "Change too subtle in the lung apex (contrast-to-noise 1.2); hard edges at the lesion border."

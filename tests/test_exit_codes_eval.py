@@ -17,7 +17,7 @@ from PIL import Image
 from conftest import write_jpeg
 from medbanana.cli import main
 from medbanana.evaluation import metrics
-from medbanana.generation.fake_gemini import FakeGemini
+from medbanana.generation.testing.fake_gemini import FakeGemini
 
 KEY = "exit-codes-key-3f1a"
 EXIT_INCOMPLETE = 3  # the documented code (evaluation/failures.py, README), pinned here on purpose

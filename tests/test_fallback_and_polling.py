@@ -20,11 +20,11 @@ import pytest
 
 from conftest import write_jpeg
 from medbanana.cli import main
-from medbanana.generation import layout
-from medbanana.generation.batch import JOBS_FILE
-from medbanana.generation.fake_gemini import FakeGemini
-from medbanana.generation.fake_openai import FakeOpenAI
-from medbanana.generation.openai_backend import OpenAIJudge
+from medbanana.generation.rundir import layout
+from medbanana.generation.runners.batch import JOBS_FILE
+from medbanana.generation.testing.fake_gemini import FakeGemini
+from medbanana.generation.testing.fake_openai import FakeOpenAI
+from medbanana.generation.backends.openai_compatible import OpenAIJudge
 from medbanana.generation.records import EditedImage, SourceImage, Task, encode_jpeg
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"

@@ -22,9 +22,9 @@ import pytest
 
 from medbanana.generation import backends
 from medbanana.generation.backends import APIError, EditRefused
-from medbanana.generation.fake_echo import EchoJudge
-from medbanana.generation.fake_gemini import FakeGemini
-from medbanana.generation.gemini import GeminiEditor, GeminiJudge, GeminiWriter, editor_prompt
+from medbanana.generation.testing.echo import EchoJudge
+from medbanana.generation.testing.fake_gemini import FakeGemini
+from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter, editor_prompt
 from medbanana.generation.records import (Attempt, EditedImage, Instruction, SourceImage, Task, Verdict,
                                           decode_rgb, encode_jpeg, rubric_score)
 
@@ -416,7 +416,7 @@ def test_v1beta_and_plain_rest_clients_are_served(fake, source):
 # ---------------------------------------------------------------- the command-line server
 
 def test_the_server_runs_as_a_module_with_faults_and_the_echo_engine(options, sleeps, source):
-    proc = subprocess.Popen([sys.executable, "-m", "medbanana.generation.fake_gemini", "--port", "0", "--engine",
+    proc = subprocess.Popen([sys.executable, "-m", "medbanana.generation.testing.fake_gemini", "--port", "0", "--engine",
                              "echo", "--fault", "503:first=1", "--latency", "0.01"],
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

@@ -24,16 +24,16 @@ from google.genai import _common, models, types
 
 from conftest import write_jpeg
 from medbanana.cli import main
-from medbanana.generation import layout
-from medbanana.generation.batch import JOBS_FILE
-from medbanana.generation.fake_gemini import FakeGemini
-from medbanana.generation.gemini import GeminiEditor, GeminiJudge, GeminiWriter
-from medbanana.generation.pipeline import gemini_options, generate
+from medbanana.generation.rundir import layout
+from medbanana.generation.runners.batch import JOBS_FILE
+from medbanana.generation.testing.fake_gemini import FakeGemini
+from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter
+from medbanana.generation.runners.generate import gemini_options, generate
 from medbanana.generation.records import EditedImage, SourceImage, Task, decode_rgb
-from medbanana.generation.runner import RunOptions
-from medbanana.generation.sources import scan_sources
-from medbanana.generation.store import read_journal
-from medbanana.generation.transport import rest_request
+from medbanana.generation.runners.local import RunOptions
+from medbanana.generation.sources.scan import scan_sources
+from medbanana.generation.rundir.store import read_journal
+from medbanana.generation.backends.gemini_transport import rest_request
 
 KEY = "batch-test-key-3f9d0e"
 ROLES = {"writer": "gemini", "editor": "gemini", "judge": "gemini"}

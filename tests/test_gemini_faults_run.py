@@ -16,10 +16,10 @@ import pytest
 
 from conftest import write_jpeg
 from medbanana.cli import main
-from medbanana.generation import layout
-from medbanana.generation.fake_gemini import FakeGemini
-from medbanana.generation.sources import scan_sources
-from medbanana.generation.store import read_journal
+from medbanana.generation.rundir import layout
+from medbanana.generation.testing.fake_gemini import FakeGemini
+from medbanana.generation.sources.scan import scan_sources
+from medbanana.generation.rundir.store import read_journal
 
 KEY = "faults-run-key-9c2e71f4"  # distinctive, so that a leak is found by grep
 MAX_ROUNDS = 2

@@ -19,11 +19,12 @@ import pytest
 
 from conftest import write_jpeg
 from medbanana.cli import main
-from medbanana.generation import layout, workers
-from medbanana.generation.fake_gemini import FakeGemini
-from medbanana.generation.pipeline import BackendSpec
-from medbanana.generation.sources import scan_sources
-from medbanana.generation.store import read_journal
+from medbanana.generation.rundir import layout
+from medbanana.generation.runners import processes as workers
+from medbanana.generation.testing.fake_gemini import FakeGemini
+from medbanana.generation.runners.generate import BackendSpec
+from medbanana.generation.sources.scan import scan_sources
+from medbanana.generation.rundir.store import read_journal
 
 KEY = "workers-test-key-9e41"
 
@@ -128,8 +129,8 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error_and_a_rerun_resumes
     import multiprocessing
     import threading
 
-    from medbanana.generation.pipeline import generate
-    from medbanana.generation.runner import RunOptions
+    from medbanana.generation.runners.generate import generate
+    from medbanana.generation.runners.local import RunOptions
 
     monkeypatch.setenv("GEMINI_API_KEY", KEY)
     out = tmp_path / "run"

@@ -24,10 +24,10 @@ from medbanana.builder import manifest
 from medbanana.builder.build import build
 from medbanana.builder.manifest import MANIFEST, ManifestError, verify_manifest, write_manifest
 from medbanana.cli import main
-from medbanana.generation import layout
-from medbanana.generation.provenance import mark_synthetic, read_mark, xmp_of, xmp_text
+from medbanana.generation.rundir import layout
+from medbanana.generation.rundir.provenance import mark_synthetic, read_mark, xmp_of, xmp_text
 from medbanana.generation.records import Attempt, EditedImage, Instruction, Task
-from medbanana.generation.store import RunStore
+from medbanana.generation.rundir.store import RunStore
 
 SHA256SUM = shutil.which("sha256sum")
 needs_sha256sum = pytest.mark.skipif(SHA256SUM is None, reason="GNU sha256sum not installed")

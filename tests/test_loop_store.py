@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter, pass_round
-from medbanana.generation import layout
-from medbanana.generation.lock import LOCK_NAME
+from medbanana.generation.rundir import layout
+from medbanana.generation.rundir.lock import LOCK_NAME
 from medbanana.generation.loop import acceptance_policy, refine_task
 from medbanana.generation.records import SourceImage, Verdict
-from medbanana.generation.runner import RunOptions, run
-from medbanana.generation.sources import scan_sources
-from medbanana.generation.store import RunConfigMismatch, read_journal
+from medbanana.generation.runners.local import RunOptions, run
+from medbanana.generation.sources.scan import scan_sources
+from medbanana.generation.rundir.store import RunConfigMismatch, read_journal
 
 
 def _task(tiny_sources, key="n0-Pneumothorax"):
@@ -122,8 +122,8 @@ KILL_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
-    from medbanana.generation.runner import RunOptions, run
-    from medbanana.generation.sources import scan_sources
+    from medbanana.generation.runners.local import RunOptions, run
+    from medbanana.generation.sources.scan import scan_sources
     tasks = scan_sources({sources!r})
     run(tasks, {out!r}, ScriptedWriter(delay=0.03), ScriptedEditor(), ScriptedJudge(),
         RunOptions(concurrency=3, quiet=True, materialize_every=0.05))
@@ -191,7 +191,7 @@ def test_shards_partition_the_tasks_and_merge_recombines_them(tiny_sources, tmp_
 
 
 def test_every_written_image_carries_the_synthetic_content_mark(tiny_sources, tmp_path):
-    from medbanana.generation.provenance import read_mark
+    from medbanana.generation.rundir.provenance import read_mark
 
     task = _task(tiny_sources)
     run([task], tmp_path / "run", ScriptedWriter(), ScriptedEditor(), ScriptedJudge(lambda t: 2),

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("diffusers", reason="the diffusers editor needs `pip install 'medbanana[train]'`")
 
 from medbanana.generation import backends  # noqa: E402
-from medbanana.generation.diffusers_editor import DiffusersEditor, working_size  # noqa: E402
+from medbanana.generation.backends.diffusers_editor import DiffusersEditor, working_size  # noqa: E402
 from medbanana.generation.records import SourceImage, Task, decode_rgb, encode_jpeg  # noqa: E402
 
 INSTRUCTIONS = ["Add a small left pleural effusion with a meniscus at the costophrenic angle.",
@@ -126,7 +126,7 @@ def test_working_size_keeps_the_aspect_in_multiples_of_8():
 # ---------------------------------------------------------------- attention-grounding diagnostics
 
 def test_disease_tokens_are_found_in_the_instruction(tiny_pipeline):
-    from medbanana.generation.attention import disease_words, token_positions
+    from medbanana.generation.backends.attention import disease_words, token_positions
 
     tokenizer = tiny_pipeline.tokenizer
     words = disease_words("Pleural_Effusion", "chest_xray")
@@ -141,7 +141,7 @@ def test_recorded_maps_have_the_image_aspect_and_values_in_0_1(tiny_pipeline, so
     import torch
     from PIL import Image
 
-    from medbanana.generation import attention
+    from medbanana.generation.backends import attention
 
     unet = tiny_pipeline.unet
     before = {name: type(p).__name__ for name, p in unet.attn_processors.items()}
@@ -163,7 +163,7 @@ def test_recorded_maps_have_the_image_aspect_and_values_in_0_1(tiny_pipeline, so
 def test_the_editor_reports_iou_and_writes_overlays(tiny_pipeline, sources, tmp_path):
     from PIL import Image
 
-    from medbanana.generation.attention import summarise
+    from medbanana.generation.backends.attention import summarise
 
     editor = editor_with(tiny_pipeline, attention_dir=tmp_path / "attention")
     source = sources[2]

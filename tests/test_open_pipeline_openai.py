@@ -15,8 +15,8 @@ pytest.importorskip("openai", reason="the openai backend needs `pip install 'med
 
 from medbanana.generation import backends  # noqa: E402
 from medbanana.generation.backends import APIError  # noqa: E402
-from medbanana.generation.fake_openai import FakeOpenAI  # noqa: E402
-from medbanana.generation.openai_backend import OpenAIJudge, OpenAIWriter, parse_verdict_tolerant  # noqa: E402
+from medbanana.generation.testing.fake_openai import FakeOpenAI  # noqa: E402
+from medbanana.generation.backends.openai_compatible import OpenAIJudge, OpenAIWriter, parse_verdict_tolerant  # noqa: E402
 from medbanana.generation.records import (Attempt, EditedImage, SourceImage, Task, decode_rgb, encode_jpeg,  # noqa: E402
                                           rubric_score)
 
@@ -180,8 +180,8 @@ def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake,
     pytest.importorskip("diffusers")
     from medbanana.cli import main
     from medbanana.dpo.tiny import tiny_instruct_pix2pix
-    from medbanana.generation import layout
-    from medbanana.generation.attention import run_samples, summarise
+    from medbanana.generation.rundir import layout
+    from medbanana.generation.backends.attention import run_samples, summarise
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a local server needs no key
     fake.reset()

@@ -9,11 +9,11 @@ import pytest
 from PIL import Image, ImageCms
 
 from conftest import SHARED_SAMPLES
-from medbanana.generation.adapters import AdapterOptions, PrepareError
-from medbanana.generation.prepare import MANIFEST, REPORT, PrepareOptions, prepare, read_manifest
-from medbanana.generation.preprocess import ImageOptions, prepare_image
-from medbanana.generation.provenance import jpeg_segments
-from medbanana.generation.sources import scan_sources
+from medbanana.generation.sources.adapters import AdapterOptions, PrepareError
+from medbanana.generation.sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare, read_manifest
+from medbanana.generation.sources.preprocess import ImageOptions, prepare_image
+from medbanana.generation.rundir.provenance import jpeg_segments
+from medbanana.generation.sources.scan import scan_sources
 from prepare_fixtures import png_header_only, run_cli, save, scan, snapshot
 
 SMALL = PrepareOptions(image=ImageOptions(size=64), quiet=True)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from medbanana.generation.adapters import AdapterOptions, PrepareError, load_dataset_sources
-from medbanana.generation.prepare import PrepareOptions, prepare, read_manifest
-from medbanana.generation.preprocess import ImageOptions, prepare_image
-from medbanana.generation.sources import scan_sources
+from medbanana.generation.sources.adapters import AdapterOptions, PrepareError, load_dataset_sources
+from medbanana.generation.sources.prepare import PrepareOptions, prepare, read_manifest
+from medbanana.generation.sources.preprocess import ImageOptions, prepare_image
+from medbanana.generation.sources.scan import scan_sources
 from prepare_fixtures import brain_tree, mimic_tree, odir_tree, snapshot
 
 SMALL = PrepareOptions(image=ImageOptions(size=64), quiet=True)

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from conftest import SHARED_SAMPLES
-from medbanana.generation.preprocess import ImageOptions, prepare_image
-from medbanana.generation.provenance import (IPTC_DST_PREFIX, JPEG_XMP_HEADER, jpeg_segments, mark_synthetic,
+from medbanana.generation.sources.preprocess import ImageOptions, prepare_image
+from medbanana.generation.rundir.provenance import (IPTC_DST_PREFIX, JPEG_XMP_HEADER, jpeg_segments, mark_synthetic,
                                              read_mark, xmp_of)
 from prepare_fixtures import scan
 

@@ -27,14 +27,14 @@ import pytest
 from conftest import write_jpeg
 from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
 from medbanana.cli import main
-from medbanana.generation import layout
-from medbanana.generation.fake_gemini import FakeGemini
-from medbanana.generation.lock import EXIT_LOCKED, LOCK_NAME, LockHeld, hold_lock
-from medbanana.generation.provenance import mark_synthetic
+from medbanana.generation.rundir import layout
+from medbanana.generation.testing.fake_gemini import FakeGemini
+from medbanana.generation.rundir.lock import EXIT_LOCKED, LOCK_NAME, LockHeld, hold_lock
+from medbanana.generation.rundir.provenance import mark_synthetic
 from medbanana.generation.records import Attempt, EditedImage, Instruction, encode_jpeg
-from medbanana.generation.runner import RunOptions, run
-from medbanana.generation.sources import scan_sources
-from medbanana.generation.store import ORPHANS, RunStore, read_journal
+from medbanana.generation.runners.local import RunOptions, run
+from medbanana.generation.sources.scan import scan_sources
+from medbanana.generation.rundir.store import ORPHANS, RunStore, read_journal
 
 KEY = "reliability-key-4be1d07c"
 DISEASES = ("Pneumothorax", "Pleural_Effusion")

@@ -26,7 +26,8 @@ from conftest import write_jpeg
 from stub_http import JSONHandler
 from medbanana.builder.build import build
 from medbanana.cli import main
-from medbanana.generation import layout, secrets
+from medbanana.generation.rundir import layout
+from medbanana.generation import secrets
 from medbanana.generation.secrets import MARK, scrub
 
 

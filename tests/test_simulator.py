@@ -12,13 +12,13 @@ from PIL import Image
 from medbanana.generation import backends
 from medbanana.generation.records import (Attempt, EditedImage, SourceImage, Task, decode_rgb, encode_jpeg,
                                           rubric_score)
-from medbanana.generation.simulator.editor import SimulatedEditor
-from medbanana.generation.simulator.imaging import WORK, luminance, resize_rgb
-from medbanana.generation.simulator.judge import PixelJudge
-from medbanana.generation.simulator.lesions import make_canvas, spec_for, synthesise_disease_source
-from medbanana.generation.simulator.params import SCALES, EditParams, parse
-from medbanana.generation.simulator.phantoms import DATASETS, NORMAL_FOLDER, normal_source, write_demo_sources
-from medbanana.generation.simulator.writer import TemplateWriter, compose, first_params, refine
+from medbanana.generation.backends.simulator.editor import SimulatedEditor
+from medbanana.generation.backends.simulator.imaging import WORK, luminance, resize_rgb
+from medbanana.generation.backends.simulator.judge import PixelJudge
+from medbanana.generation.backends.simulator.lesions import make_canvas, spec_for, synthesise_disease_source
+from medbanana.generation.backends.simulator.params import SCALES, EditParams, parse
+from medbanana.generation.backends.simulator.phantoms import DATASETS, NORMAL_FOLDER, normal_source, write_demo_sources
+from medbanana.generation.backends.simulator.writer import TemplateWriter, compose, first_params, refine
 from medbanana.generation.taxonomy import load_taxonomy
 
 SHARED_SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from medbanana.generation.records import Attempt, EditedImage, SourceImage, Task, encode_jpeg
-from medbanana.generation.simulator import scores
-from medbanana.generation.simulator.editor import SimulatedEditor
-from medbanana.generation.simulator.judge import PixelJudge
-from medbanana.generation.simulator.lesions import synthesise_disease_source
-from medbanana.generation.simulator.phantoms import DATASETS, normal_source
-from medbanana.generation.simulator.writer import TemplateWriter, compose, first_params
+from medbanana.generation.backends.simulator import scores
+from medbanana.generation.backends.simulator.editor import SimulatedEditor
+from medbanana.generation.backends.simulator.judge import PixelJudge
+from medbanana.generation.backends.simulator.lesions import synthesise_disease_source
+from medbanana.generation.backends.simulator.phantoms import DATASETS, normal_source
+from medbanana.generation.backends.simulator.writer import TemplateWriter, compose, first_params
 from medbanana.generation.taxonomy import load_taxonomy
 
 TAXONOMY = load_taxonomy()

@@ -9,10 +9,10 @@ import zlib
 from pathlib import Path
 
 from medbanana.cli import build_parser, main
-from medbanana.generation import layout
-from medbanana.generation.prepare import REPORT, read_manifest
+from medbanana.generation.rundir import layout
+from medbanana.generation.sources.prepare import REPORT, read_manifest
 from medbanana.generation.records import DEFAULT_MAX_PIXELS
-from medbanana.generation.store import read_journal
+from medbanana.generation.rundir.store import read_journal
 from conftest import write_jpeg
 from prepare_fixtures import mimic_tree, odir_tree, save, scan
 

@@ -1,7 +1,7 @@
 import pytest
 
 from conftest import write_jpeg
-from medbanana.generation.sources import Selection, SourceLayoutError, scan_sources
+from medbanana.generation.sources.scan import Selection, SourceLayoutError, scan_sources
 from medbanana.generation.taxonomy import load_taxonomy
 
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .loop import acceptance_policy
-from .records import Attempt, EditedImage, Task, TaskOutcome
-from .runner import RunOptions, RunSummary, _SourceCache, call_counts, close_clients, close_run, open_run, run_one_task
+from ..loop import acceptance_policy
+from ..records import Attempt, EditedImage, Task, TaskOutcome
+from .local import RunOptions, RunSummary, _SourceCache, call_counts, close_clients, close_run, open_run, run_one_task
 
 
 class WorkerCrashed(RuntimeError):

@@ -12,8 +12,8 @@ import asyncio
 
 import numpy as np
 
-from ..backends import Editor, EditRefused
-from ..records import EditedImage, SourceImage, Task, encode_jpeg
+from ..base import Editor, EditRefused
+from ...records import EditedImage, SourceImage, Task, encode_jpeg
 from .lesions import apply_ops, build_add, build_remove, make_canvas, spec_for
 from .params import EditParams, parse
 

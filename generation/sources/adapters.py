@@ -31,8 +31,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import layout
-from .taxonomy import Taxonomy, load_taxonomy
+from ..rundir import layout
+from ..taxonomy import Taxonomy, load_taxonomy
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dcm", ".dicom"}
 NORMAL_NAMES = {"normal", "notumor", "no_tumor", "no tumor"}

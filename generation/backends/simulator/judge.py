@@ -54,9 +54,9 @@ import numpy as np
 from scipy import ndimage
 from skimage.metrics import structural_similarity
 
-from ..backends import Judge
-from ..records import EditedImage, EditScores, SourceImage, Task, Verdict, rubric_score
-from ..taxonomy import load_taxonomy
+from ..base import Judge
+from ...records import EditedImage, EditScores, SourceImage, Task, Verdict, rubric_score
+from ...taxonomy import load_taxonomy
 from . import scores
 from .imaging import WORK, blur, highpass, luminance, resize_mask, resize_rgb, robust_std
 from .lesions import evidence_map, find_lesion, healthy_rgb, make_canvas, repair_area, spec_for

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..records import encode_jpeg
-from ..taxonomy import load_taxonomy
+from ...records import encode_jpeg
+from ...taxonomy import load_taxonomy
 from .imaging import WORK, blur, ellipse_radius, grid, polylines, resize_field, smooth_noise
 
 DATASETS = {"chest_xray": "MIMIC_demo_phantom", "brain_mri": "BrainTumor_demo_phantom", "fundus": "ODIR_demo"}

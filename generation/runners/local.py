@@ -12,11 +12,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from . import layout
-from .backends import Editor, InstructionWriter, Judge
-from .loop import Acceptance, OnRound, acceptance_policy, refine_task
-from .records import DEFAULT_MAX_PIXELS, ApiFailure, Attempt, SourceImage, Task, TaskOutcome, open_image
-from .store import ORPHANS, RunStore, atomic_write_json
+from ..rundir import layout
+from ..backends import Editor, InstructionWriter, Judge
+from ..loop import Acceptance, OnRound, acceptance_policy, refine_task
+from ..records import DEFAULT_MAX_PIXELS, ApiFailure, Attempt, SourceImage, Task, TaskOutcome, open_image
+from ..rundir.store import ORPHANS, RunStore, atomic_write_json
 
 
 @dataclass

@@ -23,12 +23,12 @@ from typing import Generator, TypeVar
 from google.genai import types
 from pydantic import BaseModel, Field
 
-from .backends import APIError, Editor, EditRefused, InstructionWriter, Judge
-from .records import (Attempt, EditedImage, EditScores, Instruction, SourceImage, Task, Usage, Verdict,
+from .base import APIError, Editor, EditRefused, InstructionWriter, Judge
+from ..records import (Attempt, EditedImage, EditScores, Instruction, SourceImage, Task, Usage, Verdict,
                       decode_rgb, encode_jpeg, rubric_score)
-from .secrets import scrub
-from .taxonomy import load_taxonomy
-from .transport import GeminiTransport, Request
+from ..secrets import scrub
+from ..taxonomy import load_taxonomy
+from .gemini_transport import GeminiTransport, Request
 
 DEFAULT_EDITOR_MODEL = "gemini-2.5-flash-image"
 DEFAULT_TEXT_MODEL = "gemini-2.5-pro"  # writer and judge

@@ -25,7 +25,7 @@ MISLOCALISED_BELOW = 0.1  # IoU under which an edit counts as mislocalised (our 
 
 def disease_words(disease: str, modality: str | None = None) -> list[str]:
     """The words naming a disease: the taxonomy's display name split into words, e.g. ['pleural', 'effusion']."""
-    from .taxonomy import load_taxonomy
+    from ..taxonomy import load_taxonomy
 
     label = load_taxonomy().find(disease, modality)
     names = {disease.replace("_", " ")} | ({label.name} if label else set())
@@ -154,7 +154,7 @@ def region_mask(source_rgb: np.ndarray, modality: str, disease: str) -> np.ndarr
 
     from .simulator.anatomy import estimate_anatomy
     from .simulator.imaging import ANAT, resize_rgb
-    from .taxonomy import load_taxonomy
+    from ..taxonomy import load_taxonomy
 
     label = load_taxonomy().target(disease, modality)
     regions = estimate_anatomy(resize_rgb(source_rgb, ANAT), modality).regions(ANAT)
@@ -193,7 +193,7 @@ def run_samples(run_dir: Path) -> list[tuple[str, float]]:
     """(disease, IoU) of every edit of a run that recorded attention (`generate --diffusers-attention`)."""
     import json
 
-    from . import layout
+    from ..rundir import layout
 
     samples = []
     for _, _, folder in layout.find_output_dirs(Path(run_dir)):

@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .records import Task
-from .taxonomy import DIRECTIONS, Taxonomy, load_taxonomy
+from ..records import Task
+from ..taxonomy import DIRECTIONS, Taxonomy, load_taxonomy
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 log = logging.getLogger(__name__)

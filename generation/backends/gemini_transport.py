@@ -30,9 +30,9 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from .backends import APIError
+from .base import APIError
 from .limits import RateLimiter, RetryPolicy, TokenLimiter, shared_limiter, shared_token_limiter  # noqa: F401
-from .secrets import hold, holds_secret, scrub, scrub_model
+from ..secrets import hold, holds_secret, scrub, scrub_model
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 # Exception modules of the HTTP stacks google-genai may use; their errors are network trouble, worth a retry.

@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from ..backends import InstructionWriter
-from ..records import Attempt, Instruction, SourceImage, Task
-from ..taxonomy import load_taxonomy
+from ..base import InstructionWriter
+from ...records import Attempt, Instruction, SourceImage, Task
+from ...taxonomy import load_taxonomy
 from .params import EditParams, parse
 
 # Targets whose region exists on both sides; the writer picks one.

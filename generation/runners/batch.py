@@ -24,13 +24,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .backends import APIError, BackendError, EditRefused
-from .gemini import Answer, GeminiEditor, GeminiJudge, GeminiWriter, read_answer
-from .loop import acceptance_policy, attempt_seed
-from .records import ApiFailure, Attempt, SourceImage, Task, TaskOutcome
-from .runner import RunOptions, RunSummary, close_clients, close_run, open_run, read_source, source_error
-from .store import RunStore, atomic_write_json
-from .transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
+from ..backends import APIError, BackendError, EditRefused
+from ..backends.gemini import Answer, GeminiEditor, GeminiJudge, GeminiWriter, read_answer
+from ..loop import acceptance_policy, attempt_seed
+from ..records import ApiFailure, Attempt, SourceImage, Task, TaskOutcome
+from .local import RunOptions, RunSummary, close_clients, close_run, open_run, read_source, source_error
+from ..rundir.store import RunStore, atomic_write_json
+from ..backends.gemini_transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
 
 JOBS_FILE = "medbanana-batches.json"
 DONE_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED",

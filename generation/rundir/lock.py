@@ -38,7 +38,7 @@ def _command() -> str:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if Path(argv[0]).name == "medbanana" or (spec and spec.name.partition(".")[0] == "medbanana"):
         argv[0] = "medbanana"  # the script or `python -m medbanana`, not the path to either
-    from .secrets import scrub  # options may carry an endpoint's URL with a token in it
+    from ..secrets import scrub  # options may carry an endpoint's URL with a token in it
 
     return scrub(shlex.join(argv))[:500]
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from .adapters import (ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, Candidate, DatasetSource, PrepareError,
                        Problem, load_dataset_sources)
 from .preprocess import ASPECTS, DEFAULT_MAX_PIXELS, BadImage, ImageOptions, Prepared, prepare_image
-from .taxonomy import load_taxonomy
+from ..taxonomy import load_taxonomy
 
 MANIFEST = "prepare_manifest.jsonl"
 REPORT = "prepare_report.json"

@@ -25,14 +25,14 @@ from pathlib import Path
 from . import layout
 from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, mark_synthetic, read_mark, xmp_text
-from .records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
+from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
+from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, read_jsonl  # noqa: F401 (re-exported)
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
 IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed")
 ORPHANS = "medbanana-orphans"  # images on opening that no journal line names and this run did not write
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-_TEMP_RE = re.compile(r"^\..+\.tmp\d+$")  # atomic_write_bytes' temp names: .NAME.tmpPID
 _LAYOUT_DIR_RE = re.compile(r"^.+-(edit|remove)(-failed)?$")
 
 
@@ -40,29 +40,9 @@ class RunConfigMismatch(RuntimeError):
     """The run directory was started with another configuration."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8"))
-
-
 def read_journal(path: Path) -> list[dict]:
     """Journal lines in order; a torn last line (the process was killed mid-write) is ignored."""
-    if not path.exists():
-        return []
-    entries = []
-    with open(path, "rb") as fh:
-        for raw in fh:
-            try:
-                entries.append(json.loads(raw))
-            except json.JSONDecodeError:
-                continue
-    return entries
+    return read_jsonl(path)
 
 
 class RunStore:
@@ -139,7 +119,7 @@ class RunStore:
             if entry["type"] == "task" and entry["record"].get("final_image"):
                 named.add(entry["record"]["final_image"])
         for path in list(self.run_dir.iterdir()) if self.run_dir.is_dir() else []:
-            if path.is_file() and _TEMP_RE.match(path.name):
+            if path.is_file() and TEMP_NAME.match(path.name):
                 path.unlink()
                 self.reconciled["temp_files"] += 1
             elif path.is_dir() and not path.is_symlink() and _LAYOUT_DIR_RE.match(path.name):
@@ -147,7 +127,7 @@ class RunStore:
                     for name in files:
                         file = Path(folder) / name
                         rel = file.relative_to(self.run_dir).as_posix()
-                        if _TEMP_RE.match(name):
+                        if TEMP_NAME.match(name):
                             file.unlink()
                             self.reconciled["temp_files"] += 1
                         elif name.lower().endswith(IMAGE_SUFFIXES) and rel not in named:

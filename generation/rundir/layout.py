@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .taxonomy import DIRECTION_FOLDER
+from ..taxonomy import DIRECTION_FOLDER
 
 PROGRESS = "progress.json"
 API_FAILURES = "api_failures.json"

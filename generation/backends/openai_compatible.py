@@ -23,12 +23,12 @@ import random
 import re
 from pathlib import Path
 
-from .backends import APIError, InstructionWriter, Judge
+from .base import APIError, InstructionWriter, Judge
 from .gemini import (JudgeAnswer, clean_instruction, judge_prompt, load_prompt, parse_verdict, reask_note, unusable,
                      verdict_from_answer, writer_prompt)
-from .records import Attempt, EditedImage, Instruction, SourceImage, Task, Usage, Verdict
-from .secrets import hold, scrub, scrub_model
-from .transport import (CallFailure, RetryPolicy, call_with_retries, classify, failure_for_status,
+from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Usage, Verdict
+from ..secrets import hold, scrub, scrub_model
+from .gemini_transport import (CallFailure, RetryPolicy, call_with_retries, classify, failure_for_status,
                         parse_retry_after, shared_limiter)
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .records import DEFAULT_MAX_PIXELS  # one default for `prepare` and `generate --max-pixels`
+from ..records import DEFAULT_MAX_PIXELS  # one default for `prepare` and `generate --max-pixels`
 
 ASPECTS = ("pad", "stretch")
 

@@ -7,12 +7,13 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import backends, layout
-from .provenance import DEFAULT_SOURCE_TYPE
-from .runner import RunOptions, RunSummary, describe_backends, run
-from .sources import Selection, SourceLayoutError, scan_sources
-from .store import read_journal
-from .taxonomy import DIRECTIONS
+from .. import backends
+from ..rundir import layout
+from ..rundir.provenance import DEFAULT_SOURCE_TYPE
+from .local import RunOptions, RunSummary, describe_backends, run
+from ..sources.scan import Selection, SourceLayoutError, scan_sources
+from ..rundir.store import read_journal
+from ..taxonomy import DIRECTIONS
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
@@ -41,7 +42,7 @@ def gemini_options(out: Path, roles: dict[str, str], *, writer_model=None, edito
     request cache under the run directory, so a resumed run never pays twice for a finished call)."""
     if "gemini" not in roles.values():
         return {}
-    from .transport import GeminiTransport
+    from ..backends.gemini_transport import GeminiTransport
 
     transport = GeminiTransport(base_url=base_url, timeout=timeout, max_attempts=max_attempts, rpm=rpm, tpm=tpm,
                                 retry_base_delay=retry_base_delay, cache_dir=Path(out) / "medbanana-cache" / "gemini")
@@ -66,7 +67,7 @@ def open_options(out: Path, roles: dict[str, str], *, base_url: str | None = Non
     options: dict[str, dict] = {}
     openai_roles = [role for role in ("writer", "judge") if roles.get(role) == "openai"]
     if openai_roles:
-        from .openai_backend import OpenAITransport
+        from ..backends.openai_compatible import OpenAITransport
 
         transport = OpenAITransport(base_url=base_url, timeout=timeout, max_attempts=max_attempts, rpm=rpm,
                                     retry_base_delay=retry_base_delay,
@@ -142,7 +143,7 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
         writer, editor, judge = make_backends(backend, **(roles or {}), options=backend_options)
     described = describe_backends(writer, editor, judge)
     if {"gemini", "openai"} & {d["backend"] for d in described.values()}:  # both use generation/prompts
-        from .gemini import prompt_versions
+        from ..backends.gemini import prompt_versions
 
         extra_config = {**(extra_config or {}), "prompts": prompt_versions()}
     config = {"backends": described, "models": {role: d["model"] for role, d in described.items()},
@@ -159,7 +160,7 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
 
         return run_batch(tasks, out, writer, editor, judge, options, config, **batch)
     if options.workers > 1:
-        from .workers import run_in_workers
+        from .processes import run_in_workers
 
         return run_in_workers(tasks, out, spec, options, config)
     return run(tasks, out, writer, editor, judge, options, config)
@@ -223,8 +224,8 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
              size: int = 1024, quiet: bool = False, build_dataset: bool = True) -> RunSummary:
     """Synthesise sources for all three modalities (no download, no key), generate with the simulator, and build
     the Hugging Face dataset folder OUT/dataset (sources attached: they are synthetic, so redistributable)."""
-    from .simulator.phantoms import write_demo_sources
-    from .store import atomic_write_json
+    from ..backends.simulator.phantoms import write_demo_sources
+    from ..rundir.store import atomic_write_json
 
     out = Path(out)
     sources, run_dir = out / "sources", out / "run"
@@ -239,7 +240,7 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
     if not run_manifest.exists():
         run_manifest.write_bytes(manifest.read_bytes())
     if build_dataset:
-        from ..builder.build import build
+        from ...builder.build import build
 
         summary.dataset = build([run_dir], out / "dataset", source_images=sources, quiet=quiet)
         summary.dataset_dir = out / "dataset"

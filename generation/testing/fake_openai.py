@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from . import backends
-from .fake_faults import parse_faults
+from .. import backends
+from .faults import parse_faults
 from .fake_gemini import _blank_jpeg, _history_from, _run, _tagged, _task_from
-from .records import EditedImage, SourceImage
+from ..records import EditedImage, SourceImage
 
 DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]+);base64,(?P<data>.*)$", re.DOTALL)
 

@@ -10,7 +10,7 @@ and scores.
 
 Faults are injected by flags and hit the first N matching calls or an evenly spread fraction of them:
 
-    python -m medbanana.generation.fake_gemini --port 8089 --latency 0.2 \\
+    python -m medbanana.generation.testing.fake_gemini --port 8089 --latency 0.2 \\
         --fault 429:first=2,retry_after=1 --fault text_only:rate=0.1
 
 In tests: `with FakeGemini(faults=["503:first=1"]) as fake: ... base_url=fake.base_url ...`;
@@ -39,12 +39,12 @@ from urllib.parse import parse_qsl
 import numpy as np
 from PIL import Image
 
-from . import backends
-from .records import Attempt, EditedImage, Instruction, SourceImage, Task, Verdict, encode_jpeg
+from .. import backends
+from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Verdict, encode_jpeg
 from .fake_batches import FakeBatches
-from .fake_echo import EchoEditor, EchoJudge, EchoWriter
-from .fake_faults import FAULT_KINDS, parse_faults
-from .taxonomy import load_taxonomy
+from .echo import EchoEditor, EchoJudge, EchoWriter
+from .faults import FAULT_KINDS, parse_faults
+from ..taxonomy import load_taxonomy
 
 _STATUS = {429: "RESOURCE_EXHAUSTED", 400: "INVALID_ARGUMENT", 500: "INTERNAL", 503: "UNAVAILABLE",
            404: "NOT_FOUND", 504: "DEADLINE_EXCEEDED"}
@@ -444,7 +444,7 @@ def _blank_jpeg() -> bytes:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m medbanana.generation.fake_gemini", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m medbanana.generation.testing.fake_gemini", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")

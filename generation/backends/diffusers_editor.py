@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends import APIError, Editor
-from .records import EditedImage, SourceImage, Task, encode_jpeg
+from .base import APIError, Editor
+from ..records import EditedImage, SourceImage, Task, encode_jpeg
 
 PIP_HINT = "pip install 'medbanana[train]'"
 INSTRUCTION_PIPELINES = ("StableDiffusionInstructPix2PixPipeline", "StableDiffusionXLInstructPix2PixPipeline")

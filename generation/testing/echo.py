@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 
-from .backends import Editor, InstructionWriter, Judge
-from .records import Attempt, EditedImage, Instruction, SourceImage, Task, Verdict, rubric_score
+from ..backends import Editor, InstructionWriter, Judge
+from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Verdict, rubric_score
 
 _FAILABLE = ("has_disease", "structure_reasonable", "looks_realistic", "fidelity_preserved")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import abc
 import importlib
 
-from .records import EditedImage, Instruction, SourceImage, Task, Verdict, Attempt
-from .secrets import scrub
+from ..records import EditedImage, Instruction, SourceImage, Task, Verdict, Attempt
+from ..secrets import scrub
 
 
 class BackendError(Exception):
@@ -71,7 +71,7 @@ REGISTRY: dict[str, dict[str, str]] = {
                   "editor": ".simulator.editor:SimulatedEditor",
                   "judge": ".simulator.judge:PixelJudge"},
     "gemini": {"writer": ".gemini:GeminiWriter", "editor": ".gemini:GeminiEditor", "judge": ".gemini:GeminiJudge"},
-    "openai": {"writer": ".openai_backend:OpenAIWriter", "judge": ".openai_backend:OpenAIJudge"},
+    "openai": {"writer": ".openai_compatible:OpenAIWriter", "judge": ".openai_compatible:OpenAIJudge"},
     "diffusers": {"editor": ".diffusers_editor:DiffusersEditor"},
 }
 
