@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from medbanana.generation.sources import prepare
+from medbanana import cli_prepare
 
 
 def scan(seed: int, size=(120, 90), mode: str = "L") -> Image.Image:
@@ -57,7 +57,7 @@ def snapshot(root: Path, skip: Path) -> dict:
 
 def run_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="medbanana")
-    prepare.register(parser.add_subparsers(dest="command"))
+    cli_prepare.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["prepare", *map(str, argv)])
     return args.func(args)
 

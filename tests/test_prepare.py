@@ -10,7 +10,7 @@ from PIL import Image, ImageCms
 
 from conftest import SHARED_SAMPLES
 from medbanana.generation.sources.adapters import AdapterOptions, PrepareError
-from medbanana.generation.sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare, read_manifest
+from medbanana.generation.sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare, read_prepare_manifest
 from medbanana.generation.sources.preprocess import ImageOptions, prepare_image
 from medbanana.generation.rundir.provenance import jpeg_segments
 from medbanana.generation.sources.scan import scan_sources
@@ -55,7 +55,7 @@ def test_folders_become_generator_sources_with_a_manifest(full_data, tmp_path):
     skipped = entries_by_path(out, "MIMIC_tiny")
     assert "not an edit target" in skipped["Pleural_Other"]["reason"]
     assert "not a chest_xray class folder" in skipped["Kidney_Stone"]["reason"]
-    rows = read_manifest(out)
+    rows = read_prepare_manifest(out)
     assert len(rows) == 8
     for row in rows:
         with Image.open(out / row["path"]) as im:
@@ -171,22 +171,22 @@ def test_rerun_skips_done_files_and_per_class_extends_in_seeded_order(tmp_path):
 
     first = run(2)
     assert first["per_class"] == {"Glaucoma": 2, "normal": 2} and first["counts"]["prepared_now"] == 4
-    chosen = {r["original_path"] for r in read_manifest(out)}
+    chosen = {r["original_path"] for r in read_prepare_manifest(out)}
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "Fundus_many").rglob("*.jpeg")}
     again = run(2)
-    assert again["counts"]["prepared_now"] == 0 and len(read_manifest(out)) == 4
+    assert again["counts"]["prepared_now"] == 0 and len(read_prepare_manifest(out)) == 4
     assert {p: p.stat().st_mtime_ns for p in (out / "Fundus_many").rglob("*.jpeg")} == mtimes
     more = run(3)
-    assert more["counts"]["prepared_now"] == 2 and chosen < {r["original_path"] for r in read_manifest(out)}
+    assert more["counts"]["prepared_now"] == 2 and chosen < {r["original_path"] for r in read_prepare_manifest(out)}
     # the same seed elsewhere picks the same three per class; the order does not depend on N
     assert run(3, where=tmp_path / "other")["per_class"] == {"Glaucoma": 3, "normal": 3}
-    assert {r["original_path"] for r in read_manifest(tmp_path / "other")} == \
-        {r["original_path"] for r in read_manifest(out)}
+    assert {r["original_path"] for r in read_prepare_manifest(tmp_path / "other")} == \
+        {r["original_path"] for r in read_prepare_manifest(out)}
     run(3, seed=1, where=tmp_path / "seed1")
-    assert {r["original_path"] for r in read_manifest(tmp_path / "seed1")} != \
-        {r["original_path"] for r in read_manifest(out)}
+    assert {r["original_path"] for r in read_prepare_manifest(tmp_path / "seed1")} != \
+        {r["original_path"] for r in read_prepare_manifest(out)}
     # a file lost after its manifest line, and a torn last manifest line, are redone on the next run
-    lost = out / read_manifest(out)[0]["path"]
+    lost = out / read_prepare_manifest(out)[0]["path"]
     lost.unlink()
     with open(out / MANIFEST, "ab") as fh:
         fh.write(b'{"dataset": "Fundus_many", "tor')
@@ -235,7 +235,7 @@ def test_real_sample_images(tmp_path):
                        PrepareOptions(per_class=1, classes=("AMD", "Glaucoma"), quiet=True))
     assert sections["Fundus_samples"]["per_class"] == {"AMD": 1, "Glaucoma": 1}
     assert snapshot(SHARED_SAMPLES, skip=tmp_path) == before
-    for row in read_manifest(out):
+    for row in read_prepare_manifest(out):
         original = np.asarray(Image.open(folder / row["original_path"]).convert("RGB"), np.float64)
         prepared = np.asarray(Image.open(out / row["path"]), np.float64)
         assert prepared.shape == original.shape == (1024, 1024, 3)

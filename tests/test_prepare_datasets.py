@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from medbanana.generation.sources.adapters import AdapterOptions, PrepareError, load_dataset_sources
-from medbanana.generation.sources.prepare import PrepareOptions, prepare, read_manifest
+from medbanana.generation.sources.prepare import PrepareOptions, prepare, read_prepare_manifest
 from medbanana.generation.sources.preprocess import ImageOptions, prepare_image
 from medbanana.generation.sources.scan import scan_sources
 from prepare_fixtures import brain_tree, mimic_tree, odir_tree, snapshot
@@ -56,7 +56,7 @@ def test_mimic_prepares_into_a_folder_the_generator_reads(tmp_path):
     sections = prepare("mimic-cxr", root, out, opts=SMALL)
     assert snapshot(tmp_path, skip=out) == before
     assert sections["MIMIC_CXR_single_disease"]["per_class"] == {"Lung_Lesion": 1, "Pneumothorax": 1, "normal": 1}
-    rows = {r["source_id"]: r for r in read_manifest(out)}
+    rows = {r["source_id"]: r for r in read_prepare_manifest(out)}
     assert rows["s50000002"]["labels"] == ["Pneumothorax"] and rows["s50000002"]["view"] == "PA"
     assert rows["s50000001"]["path"] == "MIMIC_CXR_single_disease/normal/s50000001.jpeg"
     tasks = scan_sources(out)
@@ -127,7 +127,7 @@ def test_odir_csv_one_source_per_eye_labelled_by_its_keywords(tmp_path):
     sections = prepare("odir", root, out, opts=SMALL)
     assert sum(sections["ODIR_fundus_single_disease"]["per_class"].values()) == 5
     assert {t.modality for t in scan_sources(out)} == {"fundus"}
-    assert not any(r["source_id"] == "4_left" for r in read_manifest(out))
+    assert not any(r["source_id"] == "4_left" for r in read_prepare_manifest(out))
 
 
 def test_odir_xlsx(tmp_path):

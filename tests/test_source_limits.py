@@ -10,7 +10,7 @@ from pathlib import Path
 
 from medbanana.cli import build_parser, main
 from medbanana.generation.rundir import layout
-from medbanana.generation.sources.prepare import REPORT, read_manifest
+from medbanana.generation.sources.prepare import REPORT, read_prepare_manifest
 from medbanana.generation.records import DEFAULT_MAX_PIXELS
 from medbanana.generation.rundir.store import read_journal
 from conftest import write_jpeg
@@ -125,7 +125,7 @@ def test_prepare_records_loops_and_dangling_links_and_goes_on(tmp_path, capsys):
                        "glioma/dangling.jpg": "dangling symlink (target missing)",
                        "glioma/dangling_out.jpg": "dangling symlink (target missing)",
                        "glioma/escape.jpg": "link points outside the dataset root"}
-    assert sorted(r["original_path"] for r in read_manifest(out)) == ["glioma/tumour.jpg", "normal/good.jpg"]
+    assert sorted(r["original_path"] for r in read_prepare_manifest(out)) == ["glioma/tumour.jpg", "normal/good.jpg"]
 
 
 def test_odir_and_mimic_links_are_recorded_not_fatal(tmp_path):

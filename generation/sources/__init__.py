@@ -1,2 +1,2 @@
-"""From released datasets to the generator's source layout (`prepare`, `adapters`, `preprocess`), and from that
-layout to tasks (`scan`)."""
+"""From released datasets to the generator's source layout (`prepare`, `adapters/` one module per dataset family,
+`preprocess`), and from that layout to tasks (`scan`)."""

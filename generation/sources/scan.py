@@ -17,7 +17,7 @@ from pathlib import Path
 from ..records import Task
 from ..taxonomy import DIRECTIONS, Taxonomy, load_taxonomy
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
+SOURCE_SUFFIXES = {".jpg", ".jpeg", ".png"}  # what the generator reads as sources (prepare writes .jpeg)
 log = logging.getLogger(__name__)
 
 
@@ -53,7 +53,7 @@ class Selection:
 
 
 def _images(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SOURCE_SUFFIXES)
 
 
 def _looks_like_dataset(folder: Path, tax: Taxonomy) -> bool:

@@ -14,15 +14,14 @@ Faults are injected by flags and hit the first N matching calls or an evenly spr
         --fault 429:first=2,retry_after=1 --fault text_only:rate=0.1
 
 In tests: `with FakeGemini(faults=["503:first=1"]) as fake: ... base_url=fake.base_url ...`;
-`fake.calls` lists every request seen (role, model, fault).
+`fake.calls` lists every request seen (role, model, fault). The request and response JSON is gemini_format.py;
+reading medbanana's prompts back (shared with fake_openai.py) is wire.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
-import binascii
 import io
 import json
 import re
@@ -31,23 +30,20 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-import numpy as np
 from PIL import Image
 
 from .. import backends
-from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Verdict, encode_jpeg
-from .fake_batches import FakeBatches
+from ..records import EditedImage, SourceImage
+from . import gemini_format as rest
 from .echo import EchoEditor, EchoJudge, EchoWriter
+from .fake_batches import FakeBatches
 from .faults import FAULT_KINDS, parse_faults
-from ..taxonomy import load_taxonomy
-
-_STATUS = {429: "RESOURCE_EXHAUSTED", 400: "INVALID_ARGUMENT", 500: "INTERNAL", 503: "UNAVAILABLE",
-           404: "NOT_FOUND", 504: "DEADLINE_EXCEEDED"}
+from .wire import (blank_jpeg, connection_loop, history_from, run_coroutine, spoiled_json, tagged, task_from,
+                   verdict_json)
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ class FakeGemini:
     def __init__(self, *, faults=(), latency: float = 0.0, host: str = "127.0.0.1", port: int = 0,
                  engine: str = "simulator", accept_rate: float = 0.6, writer=None, editor=None, judge=None,
                  scorer=None, batch_seconds: float = 0.0):
-        """engine: "simulator" (real edits and verdicts) or "echo" (no image work; fake_echo.py, for benchmarks);
+        """engine: "simulator" (real edits and verdicts) or "echo" (no image work; echo.py, for benchmarks);
         writer/editor/judge replace the engine's backend for that role; scorer (any object with the judges'
         `score`) answers scoring requests, by default the judge when it scores, else the simulator's pixel judge; a
         batch job reports RUNNING for at least batch_seconds."""
@@ -126,7 +122,7 @@ class FakeGemini:
             self._stopping.wait(seconds)
 
     def role_of(self, request: dict) -> str:
-        return _role(_get(request, "generationConfig", "generation_config") or {})
+        return rest.role_of(rest.get(request, "generationConfig", "generation_config") or {})
 
     def strike(self, kind: str, role: str) -> bool:
         """Whether a fault of `kind` hits this job (for faults that strike whole batch jobs)."""
@@ -135,7 +131,7 @@ class FakeGemini:
 
     @staticmethod
     def error(code: int, message: str) -> tuple[int, dict, dict]:
-        return _error(code, message) + ({},)
+        return rest.error(code, message) + ({},)
 
     # ------------------------------------------------------------ generateContent
 
@@ -153,46 +149,46 @@ class FakeGemini:
         return answer
 
     def _generate_content(self, model: str, request: dict, api_key: str, in_batch: str) -> tuple[int, dict, dict]:
-        config = _get(request, "generationConfig", "generation_config") or {}
-        role = _role(config)
-        fault_role, role = role, "scorer" if role == "judge" and _is_score_request(request) else role
+        config = rest.get(request, "generationConfig", "generation_config") or {}
+        role = rest.role_of(config)
+        fault_role, role = role, "scorer" if role == "judge" and rest.is_score_request(request) else role
         with self._lock:
             fault = next((f for f in self.faults if f.kind != "batch_failed" and f.applies(fault_role)
                           and f.strike()), None)
             self.calls.append(Call(role, model, in_batch or f"models/{model}:generateContent",
-                                   fault.kind if fault else "", _count_images(request)))
+                                   fault.kind if fault else "", rest.count_images(request)))
             self.last_request = request  # only the last one: keeping every body would hold every image
         kind = fault.kind if fault else ""
         if kind == "hang":
             if in_batch:
-                return _error(504, "deadline exceeded (injected hang)") + ({},)
+                return rest.error(504, "deadline exceeded (injected hang)") + ({},)
             self.wait(fault.hang)
             return 0, {}, {}  # the handler drops the connection
         if kind in ("429", "500", "503"):
             headers = {"Retry-After": f"{fault.retry_after:g}"} if kind == "429" else {}
-            return _error(int(kind), f"fake {kind} (injected)") + (headers,)
+            return rest.error(int(kind), f"fake {kind} (injected)") + (headers,)
         if kind == "invalid_argument":  # echoes the key, as a hostile server might: callers must redact it
-            return _error(400, f"invalid argument (injected) for key {api_key}") + ({},)
+            return rest.error(400, f"invalid argument (injected) for key {api_key}") + ({},)
         try:
-            texts, images = _read_contents(request)
+            texts, images = rest.read_contents(request)
             if kind in ("safety", "image_safety"):
-                return 200, _response([], kind.upper(), texts, images), {}
-            task = _task_from(texts)
-            parts, finish = getattr(self, f"_{role}")(task, texts, images, _get(config, "seed") or 0, kind)
+                return 200, rest.response([], kind.upper(), texts, images), {}
+            task = task_from(texts)
+            parts, finish = getattr(self, f"_{role}")(task, texts, images, rest.get(config, "seed") or 0, kind)
         except ValueError as exc:
-            return _error(400, str(exc)) + ({},)
+            return rest.error(400, str(exc)) + ({},)
         if kind == "torn_body":
-            body = json.dumps(_response(parts, finish, texts, images)).encode()
+            body = json.dumps(rest.response(parts, finish, texts, images)).encode()
             return 200, body[: len(body) // 2], {"Content-Type": "application/json; charset=UTF-8"}
-        include_thoughts = bool(_get(_get(config, "thinkingConfig", "thinking_config") or {},
-                                     "includeThoughts", "include_thoughts"))
+        include_thoughts = bool(rest.get(rest.get(config, "thinkingConfig", "thinking_config") or {},
+                                         "includeThoughts", "include_thoughts"))
         if not include_thoughts:
             parts = [p for p in parts if not p.get("thought")]
-        return 200, _response(parts, finish, texts, images), {}
+        return 200, rest.response(parts, finish, texts, images), {}
 
     def _writer(self, task, texts, images, seed, kind):
-        source = SourceImage(Path("source.jpeg"), data=images[0] if images else _blank_jpeg())  # text-only round 1
-        instruction = _run(self.writer.write(task, source, _history_from(texts)))
+        source = SourceImage(Path("source.jpeg"), data=images[0] if images else blank_jpeg())  # text-only round 1
+        instruction = run_coroutine(self.writer.write(task, source, history_from(texts)))
         return [{"text": instruction.thinking_summary or f"Planning the {task.direction} edit.", "thought": True},
                 {"text": instruction.text}], "STOP"
 
@@ -203,8 +199,8 @@ class FakeGemini:
             finish = "NO_IMAGE" if kind == "no_image" else "STOP"
             return [{"text": "I cannot produce the image for this request."}], finish
         try:
-            edited = _run(self.editor.edit(task, SourceImage(Path("source.jpeg"), data=images[0]),
-                                           _tagged(texts, "instruction"), int(seed)))
+            edited = run_coroutine(self.editor.edit(task, SourceImage(Path("source.jpeg"), data=images[0]),
+                                                    tagged(texts, "instruction"), int(seed)))
         except backends.EditRefused as refused:  # a simulated refusal, answered the way Gemini answers one
             finish = {"safety": "SAFETY", "image_safety": "IMAGE_SAFETY", "no_image": "NO_IMAGE"}
             return [{"text": f"I can't make this edit ({refused})."}], finish.get(refused.kind, "STOP")
@@ -219,15 +215,9 @@ class FakeGemini:
     def _judge(self, task, texts, images, seed, kind):
         if len(images) < 2:
             raise ValueError(f"the judge request carries {len(images)} image(s), not 2 (original, edited)")
-        verdict = _run(self.judge.judge(task, SourceImage(Path("source.jpeg"), data=images[0]),
-                                        EditedImage(data=images[1]), _tagged(texts, "instruction")))
-        body = json.dumps({k: getattr(verdict, k) for k in ("has_disease", "structure_reasonable",
-                                                            "looks_realistic", "fidelity_preserved",
-                                                            "qualified", "reason")})
-        if kind == "malformed_json":
-            body = f"The edit looks fine to me. {body.replace('{', '')}"
-        elif kind == "truncated_json":
-            body = body[: len(body) // 2]
+        verdict = run_coroutine(self.judge.judge(task, SourceImage(Path("source.jpeg"), data=images[0]),
+                                                 EditedImage(data=images[1]), tagged(texts, "instruction")))
+        body = spoiled_json(verdict_json(verdict), kind, "The edit looks fine to me. ")
         return [{"text": verdict.thinking_summary or f"Compared both images: {verdict.reason}", "thought": True},
                 {"text": body}], "STOP"
 
@@ -237,14 +227,11 @@ class FakeGemini:
         if len(images) not in (2, 3):
             raise ValueError(f"the scoring request carries {len(images)} image(s), not 2 or 3")
         truth = SourceImage(Path("truth.jpeg"), data=images[1]) if len(images) == 3 else None
-        scores = _run(self.scorer.score(task, SourceImage(Path("source.jpeg"), data=images[0]),
-                                        EditedImage(data=images[-1]), _tagged(texts, "instruction"), truth))
-        body = json.dumps({"editing_accuracy": int(round(scores.editing_accuracy)),
-                           "visual_quality": int(round(scores.visual_quality)), "reason": scores.reason})
-        if kind == "malformed_json":
-            body = f"Scores: {body.replace('{', '')}"
-        elif kind == "truncated_json":
-            body = body[: len(body) // 2]
+        scores = run_coroutine(self.scorer.score(task, SourceImage(Path("source.jpeg"), data=images[0]),
+                                                 EditedImage(data=images[-1]), tagged(texts, "instruction"), truth))
+        body = spoiled_json(json.dumps({"editing_accuracy": int(round(scores.editing_accuracy)),
+                                        "visual_quality": int(round(scores.visual_quality)),
+                                        "reason": scores.reason}), kind, "Scores: ")
         return [{"text": f"Graded the edit: {scores.reason}", "thought": True}, {"text": body}], "STOP"
 
 
@@ -270,12 +257,8 @@ class _Handler(BaseHTTPRequestHandler):
     )
 
     def handle(self):
-        _HANDLER.loop = asyncio.new_event_loop()
-        try:
+        with connection_loop():  # the simulator's coroutines of this connection's calls run on one loop
             super().handle()
-        finally:
-            _HANDLER.loop.close()
-            _HANDLER.loop = None
 
     def do_POST(self):
         self._dispatch("POST")
@@ -295,7 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     request = json.loads(body or b"{}") if kind == "json" else body
                 except ValueError:
-                    return self._send(*_error(400, "request body is not JSON"))
+                    return self._send(*rest.error(400, "request body is not JSON"))
                 handler = fake
                 for attribute in name.split("."):
                     handler = getattr(handler, attribute)
@@ -306,12 +289,12 @@ class _Handler(BaseHTTPRequestHandler):
                                                        arrived=arrived)
                 except Exception as exc:  # a simulator bug: a 500 the client can report, and the trace here
                     traceback.print_exc()
-                    return self._send(*_error(500, f"fake Gemini failed: {type(exc).__name__}: {exc}"))
+                    return self._send(*rest.error(500, f"fake Gemini failed: {type(exc).__name__}: {exc}"))
                 if status == 0:
                     self.close_connection = True
                     return
                 return self._send(status, payload, headers)
-        self._send(*_error(404, f"fake Gemini has no {method} {path}"))
+        self._send(*rest.error(404, f"fake Gemini has no {method} {path}"))
 
     def _send(self, status: int, payload: dict | bytes, headers: dict | None = None) -> None:
         raw = isinstance(payload, bytes)
@@ -333,114 +316,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-# ---------------------------------------------------------------- helpers
-
-def _get(obj: dict, *keys):
-    """The first present key: the client mixes camelCase and snake_case (inlineData.mime_type)."""
-    return next((obj[k] for k in keys if k in obj), None)
-
-
-def _role(config: dict) -> str:
-    if "IMAGE" in [m.upper() for m in _get(config, "responseModalities", "response_modalities") or []]:
-        return "editor"
-    if _get(config, "responseMimeType", "response_mime_type") == "application/json":
-        return "judge"
-    return "writer"
-
-
-def _is_score_request(request: dict) -> bool:
-    """Whether the request carries the scoring prompt (its answer fields are named in it)."""
-    return any("editing_accuracy" in part.get("text", "") for content in request.get("contents") or []
-               for part in content.get("parts") or [])
-
-
-def _count_images(request: dict) -> int:
-    return sum(1 for content in request.get("contents") or [] for part in content.get("parts") or []
-               if _get(part, "inlineData", "inline_data"))
-
-
-_STANDARD_B64 = bytes.maketrans(b"-_", b"+/")
-
-
-def _read_contents(request: dict) -> tuple[list[str], list[bytes]]:
-    texts, images = [], []
-    for content in request.get("contents") or []:
-        for part in content.get("parts") or []:
-            if "text" in part:
-                texts.append(part["text"])
-            blob = _get(part, "inlineData", "inline_data")
-            if blob:
-                data = blob.get("data", "")
-                try:  # the client sends URL-safe base64; one pass maps either alphabet to the standard one
-                    images.append(binascii.a2b_base64(data.encode("ascii").translate(_STANDARD_B64)))
-                except (binascii.Error, ValueError) as exc:  # UnicodeEncodeError is a ValueError
-                    raise ValueError(f"inline data is not base64: {exc}") from None
-    return texts, images
-
-
-def _task_from(texts: list[str]) -> Task:
-    joined = "\n".join(texts)
-    finding = re.search(r"^- Finding: (.+)$", joined, re.MULTILINE)
-    direction = re.search(r"^- Direction: (add|remove)\s*$", joined, re.MULTILINE)
-    if not finding or not direction:
-        raise ValueError("fake Gemini understands medbanana prompts only: no '- Finding:' / '- Direction:' lines")
-    label = load_taxonomy().find(finding.group(1).strip())
-    if label is None:
-        raise ValueError(f"unknown finding {finding.group(1)!r}")
-    return Task(dataset="fake", modality=label.modality, disease=label.folder, direction=direction.group(1),
-                source_path=Path("source.jpeg"))
-
-
-def _tagged(texts: list[str], tag: str) -> str:
-    match = re.search(rf"<{tag}>\n?(.*?)\n?</{tag}>", "\n".join(texts), re.DOTALL)
-    return match.group(1).strip() if match else ""
-
-
-def _history_from(texts: list[str]) -> list[Attempt]:
-    raw = _tagged(texts, "history")
-    history = []
-    for entry in json.loads(raw) if raw else []:
-        verdict = Verdict(**entry["verdict"]) if entry.get("verdict") else None
-        history.append(Attempt(round=entry["round"], instruction=Instruction(entry["instruction"]),
-                               verdict=verdict, edit_error=entry.get("edit_error", "")))
-    return history
-
-
-def _response(parts: list[dict], finish: str, texts: list[str], images: list[bytes]) -> dict:
-    prompt_tokens = sum(len(t) for t in texts) // 4 + 258 * len(images)
-    out = [p for p in parts if not p.get("thought")]
-    thought = [p for p in parts if p.get("thought")]
-    usage = {"promptTokenCount": prompt_tokens,
-             "candidatesTokenCount": sum(len(p.get("text", "")) // 4 + (1290 if "inlineData" in p else 0) for p in out),
-             "thoughtsTokenCount": sum(len(p["text"]) // 4 for p in thought)}
-    usage["totalTokenCount"] = sum(usage.values())
-    candidate = {"content": {"role": "model", "parts": parts}, "finishReason": finish, "index": 0}
-    return {"candidates": [candidate], "usageMetadata": usage, "modelVersion": "fake-gemini"}
-
-
-def _error(code: int, message: str) -> tuple[int, dict]:
-    return code, {"error": {"code": code, "message": message, "status": _STATUS.get(code, "UNKNOWN")}}
-
-
-_HANDLER = threading.local()  # .loop: the event loop of the connection this thread serves
-
-
-def _run(coro):
-    """Run a backend's coroutine in this thread: on the connection's event loop when a handler opened one (a new
-    loop per call costs about a millisecond, a fifth of an echo call's CPU), else on a fresh loop."""
-    loop = getattr(_HANDLER, "loop", None)
-    return loop.run_until_complete(coro) if loop is not None else asyncio.run(coro)
-
-
 def _png(edited: EditedImage) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(edited.array).save(buf, format="PNG")
     return buf.getvalue()
-
-
-@lru_cache(maxsize=1)
-def _blank_jpeg() -> bytes:
-    return encode_jpeg(np.zeros((64, 64, 3), dtype=np.uint8))
 
 
 def main(argv: list[str] | None = None) -> None:

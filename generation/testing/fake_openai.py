@@ -1,8 +1,8 @@
 """A fake OpenAI chat-completions server on 127.0.0.1 for tests, spoken to by the REAL openai client.
 
 It answers `POST /v1/chat/completions` with images as data URLs. A request with two images is the judge, any
-other the writer; the task is read from medbanana's prompts (as in fake_gemini.py) and the work is done by the
-simulator's writer and judge, so instructions and verdicts are real. Faults reuse fake_faults.py's kinds
+other the writer; the task is read from medbanana's prompts (wire.py, as in fake_gemini.py) and the work is done by
+the simulator's writer and judge, so instructions and verdicts are real. Faults reuse faults.py's kinds
 ("429", "500", "503", "invalid_argument", "safety", "malformed_json", "truncated_json"); `structured_output=False`
 makes it reject `response_format` with a 400, as servers without JSON mode do; `think=True` wraps answers in
 <think> blocks, as reasoning models served without a reasoning parser do. `latency` holds every answer that many
@@ -23,9 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from .. import backends
-from .faults import parse_faults
-from .fake_gemini import _blank_jpeg, _history_from, _run, _tagged, _task_from
 from ..records import EditedImage, SourceImage
+from .faults import parse_faults
+from .wire import blank_jpeg, history_from, run_coroutine, spoiled_json, tagged, task_from, verdict_json
 
 DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]+);base64,(?P<data>.*)$", re.DOTALL)
 
@@ -111,23 +111,19 @@ class FakeOpenAI:
         if kind == "safety":
             return 200, _completion(request, "I can't help with that.", "content_filter"), {}
         try:
-            task = _task_from(texts)
+            task = task_from(texts)
         except ValueError as exc:
             return _error(400, str(exc)) + ({},)
         if role == "writer":
-            source = SourceImage(Path("source.jpeg"), data=images[0] if images else _blank_jpeg())  # text-only round 1
-            instruction = _run(self.writer.write(task, source, _history_from(texts)))
+            source = SourceImage(Path("source.jpeg"), data=images[0] if images else blank_jpeg())  # text-only round 1
+            instruction = run_coroutine(self.writer.write(task, source, history_from(texts)))
             text = f"Instruction: {instruction.text}"
         else:
-            verdict = _run(self.judge.judge(task, SourceImage(Path("source.jpeg"), data=images[0]),
-                                            EditedImage(data=images[1]), _tagged(texts, "instruction")))
-            body = json.dumps({k: getattr(verdict, k) for k in ("has_disease", "structure_reasonable",
-                                                                "looks_realistic", "fidelity_preserved",
-                                                                "qualified", "reason")})
-            if kind == "malformed_json":
-                body = f"The edit looks fine to me. {body.replace('{', '')}"
-            elif kind == "truncated_json":
-                body = body[: len(body) // 2]
+            verdict = run_coroutine(self.judge.judge(task, SourceImage(Path("source.jpeg"), data=images[0]),
+                                                     EditedImage(data=images[1]), tagged(texts, "instruction")))
+            body = verdict_json(verdict)
+            if kind in ("malformed_json", "truncated_json"):
+                body = spoiled_json(body, kind, "The edit looks fine to me. ")
             elif not response_format:  # servers without JSON mode wrap the JSON in prose
                 body = f"Here is my assessment:\n```json\n{body}\n```\nI hope this helps."
             text = body

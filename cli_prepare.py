@@ -1,0 +1,110 @@
+"""The `medbanana prepare` command: its options and help, and the summary it prints (cli.py calls `register`).
+
+The work is the prepare stage, generation/sources/prepare.py; this module only turns arguments into its options and
+its report into lines. Exit codes: 0 when the datasets hold prepared images, 1 when they hold none, 2 on a fatal input
+problem (PrepareError).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .generation.records import DEFAULT_MAX_PIXELS
+from .generation.sources.adapters import ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, PrepareError
+from .generation.sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare
+from .generation.sources.preprocess import ASPECTS, ImageOptions
+from .generation.taxonomy import load_taxonomy
+
+HELP = """\
+Turn a downloaded dataset into the generator's source layout, OUT/{D}/normal/*.jpeg and OUT/{D}/{Disease}/*.jpeg:
+SIZE x SIZE RGB JPEG q95 (aspect kept by padding with black unless --aspect stretch), same bytes for the same
+input. No metadata leaves with the pixels: EXIF, XMP, ICC, JPEG comments and DICOM headers are dropped (burned-in
+text in the pixels is not detected: out of scope). OUT/prepare_manifest.jsonl lists every image (source id,
+dataset, modality, labels, view, original path, content hash, size); OUT/prepare_report.json has one entry per
+file skipped (unreadable, truncated, CMYK, too small or large, duplicate content, unsafe path, symlink loop,
+dangling symlink), converted (16-bit, alpha, EXIF orientation, DICOM window) or renamed (spaces, non-ASCII).
+Rerunning on the same OUT skips what is done.
+
+Kinds:
+  mimic-cxr        ROOT holds files/ and mimic-cxr-2.0.0-{chexpert,metadata}.csv(.gz). Frontal (PA/AP) images,
+                   one per study (s<study_id>): normal = No Finding; a disease class = exactly one positive
+                   finding, an edit target; uncertain (-1) labels per --uncertain; Support Devices ignored.
+  brain-tumor-mri  ROOT holds Training/ and Testing/ with glioma, meningioma, pituitary, notumor (-> normal).
+  odir             ROOT holds the annotation spreadsheet (xlsx needs openpyxl, or csv) and the images; one
+                   source per eye, labelled from that eye's keywords when they name exactly one class.
+  folders          ROOT/{D}/{normal,<Disease>}/ (images, or DICOM with pydicom), or one {D} folder.
+
+OUT then feeds `medbanana generate --sources OUT`.
+"""
+
+
+def register(subparsers) -> None:
+    """Add `medbanana prepare` to the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "prepare", help="turn MIMIC-CXR-JPG, Brain Tumor MRI, ODIR-5K or full-data folders into generator sources",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=HELP)
+    p.add_argument("kind", choices=sorted(ADAPTERS), help="dataset layout of ROOT")
+    p.add_argument("root", type=Path, help="the downloaded dataset's folder")
+    p.add_argument("--out", type=Path, required=True, help="output sources folder (created; rerun to resume)")
+    p.add_argument("--name", help="output dataset folder name {D} (must imply the modality: mimic/chest, "
+                                  "brain/tumor, odir/fundus; default per kind)")
+    g = p.add_argument_group("selection")
+    g.add_argument("--per-class", type=int, metavar="N", help="at most N images per class, drawn in a seeded order "
+                                                              "(default: all)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the per-class order (default 0)")
+    g.add_argument("--classes", nargs="+", metavar="C", default=(),
+                   help="only these class folders (normal and released disease names, e.g. Pleural_Effusion)")
+    g.add_argument("--uncertain", choices=UNCERTAIN_POLICIES, default="exclude",
+                   help="MIMIC uncertain (-1) labels: exclude the study (default), read as negative, or positive")
+    g.add_argument("--splits", nargs="+", default=("Training", "Testing"), help="Brain Tumor MRI splits to use")
+    g.add_argument("--modality", choices=sorted(load_taxonomy().modalities),
+                   help="folders: modality when the folder names do not tell")
+    g = p.add_argument_group("label files")
+    g.add_argument("--labels", type=Path, help="MIMIC CheXpert csv or ODIR spreadsheet (default: found in ROOT)")
+    g.add_argument("--metadata", type=Path, help="MIMIC metadata csv (default: found in ROOT)")
+    g.add_argument("--images", type=Path, help="ODIR image folder (default: ROOT's 'Training Images', else ROOT)")
+    g = p.add_argument_group("images")
+    g.add_argument("--size", type=int, default=1024, help="output side in pixels (default 1024)")
+    g.add_argument("--aspect", choices=ASPECTS, default="pad",
+                   help="pad: keep the aspect ratio, centre on black (default); stretch: scale each axis")
+    g.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95)")
+    g.add_argument("--min-side", type=int, default=64, help="skip images whose shorter side is smaller (default 64)")
+    g.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help=f"skip images with more pixels than this, read from the header before decoding (default "
+                        f"{DEFAULT_MAX_PIXELS}, as `generate --max-pixels`; Pillow itself refuses more than twice "
+                        "its default)")
+    g.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="decode/encode threads")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_prepare)
+
+
+def cmd_prepare(args) -> int:
+    adapter_opts = AdapterOptions(name=args.name, labels=args.labels, metadata=args.metadata, images=args.images,
+                                  uncertain=args.uncertain, splits=tuple(args.splits), modality=args.modality)
+    image = ImageOptions(size=args.size, aspect=args.aspect, quality=args.quality, min_side=args.min_side,
+                         max_pixels=args.max_pixels)
+    opts = PrepareOptions(image=image, per_class=args.per_class, seed=args.seed, classes=tuple(args.classes),
+                          workers=args.workers, quiet=args.quiet)
+    try:
+        sections = prepare(args.kind, args.root, args.out, adapter_opts, opts)
+    except PrepareError as exc:
+        print(f"medbanana prepare: error: {exc}", file=sys.stderr)
+        return 2
+    total = 0
+    for name, section in sections.items():
+        c = section["counts"]
+        total += c["prepared_total"]
+        classes = ", ".join(f"{k} {v}" for k, v in section["per_class"].items())
+        print(f"{name} ({section['modality']}): {c['prepared_now']} prepared now, {c['prepared_total']} in total "
+              f"[{classes}]; {c['skipped']} skipped, {c['converted']} converted, {c['renamed']} renamed")
+        if section.get("shortfall"):
+            print(f"  fewer than --per-class: {section['shortfall']}")
+    print(f"sources: {args.out}  report: {args.out / REPORT}  manifest: {args.out / MANIFEST}")
+    if not total:
+        print("medbanana prepare: nothing was prepared; see the report", file=sys.stderr)
+        return 1
+    return 0
