@@ -61,7 +61,7 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
                 images = load_images(task) if with_images else {}
                 source = None
                 if sources is not None and with_images:
-                    source = sources.image_value(task.dataset, task.task, task.disease, task.source_id,
+                    source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
                                                  task.source_path)
                 for row in ROW_ITERATORS[config](task, images, source):
                     yield row_key(config, row), row

@@ -31,11 +31,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..evaluation.stats import EVAL_EXTRA, FIGURE, require_matplotlib, save_figure3
 from .card import build_info, refused_note, render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES
 from .manifest import write_manifest
-from .output import BUILD_INFO, README, BuildError, BuildLocks, move_into_place, run_folder
+from .output import BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, run_folder
+from .paper import EVAL_EXTRA, require_matplotlib, save_figure3
 from .parquet import ShardedParquetWriter, finalize_shards
 from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
 from .runs import Unit, discover_units, read_tasks, recorded_max_rounds, task_keys, unit_size
@@ -239,7 +239,7 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
         try:
             source = None
             if sources is not None:
-                source = sources.image_value(task.dataset, task.task, task.disease, task.source_id,
+                source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
                                              task.source_path)
             return load_images(task, confined), source
         except Refused as exc:

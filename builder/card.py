@@ -2,7 +2,7 @@
 `build_info`, what medbanana-build.json says beside it.
 
 The statistics section is the paper's Table 1, Table 2 (with the most frequent failure reasons) and Figure 3, as
-`medbanana stats` writes them (`evaluation.stats.card_section`). The YAML front matter is serialised by the
+`medbanana stats` writes them (`paper.card_section`). The YAML front matter is serialised by the
 libraries that read it (`datasets`' `DatasetInfosDict` and `MetadataConfigs`, `huggingface_hub`'s
 `DatasetCardData`) from the same `CONFIG_FEATURES` the parquet files use. Every value that comes from the data
 (run, dataset, modality, disease names, verdict reasons, marks read from images) goes through `md_escape`.
@@ -18,10 +18,10 @@ from collections import Counter
 from importlib import resources
 from string import Template
 
-from ..evaluation.stats import RunSummary, card_section
 from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from .output import BUILD_INFO
+from .paper import card_section
 from .stats import UNMARKED, BuildStats
 
 PRETTY_NAME = "Med-Banana-style medical image edits (medbanana build)"
@@ -169,8 +169,8 @@ def _rounds_table(stats: BuildStats) -> str:
 
 def _disease_table(stats: BuildStats) -> str:
     by_disease: dict[tuple, Counter] = {}
-    for (modality, task, disease, status), n in stats.tasks.items():
-        by_disease.setdefault((modality, task, disease), Counter())[status] += n
+    for (modality, direction, disease, status), n in stats.tasks.items():
+        by_disease.setdefault((modality, direction, disease), Counter())[status] += n
     return "\n".join(f"| {md_escape(m)} | {md_escape(t)} | {md_escape(d)} | {c['success']:,} | {c['failed']:,} | "
                      f"{c['api_failed']:,} |"
                      for (m, t, d), c in sorted(by_disease.items()))
@@ -179,7 +179,7 @@ def _disease_table(stats: BuildStats) -> str:
 def paper_section(stats: BuildStats, figure: str | None) -> str:
     """Table 1, Table 2 with the failure reasons, and Figure 3 when drawn: the markdown `medbanana stats` writes,
     made from a copy of `stats` whose texts (modality, direction, reasons) are escaped for the card."""
-    return card_section(RunSummary(_escaped_texts(stats)), figure).rstrip("\n")
+    return card_section(_escaped_texts(stats), figure).rstrip("\n")
 
 
 def _escaped_texts(stats: BuildStats) -> BuildStats:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datasets import Features, Image, List, Value
 
+from ..generation.records import VERDICT_COLUMNS, VERDICT_FIELDS  # noqa: F401  (VERDICT_FIELDS: re-exported)
 from . import CONFIG_NAMES, DEFAULT_CONFIG  # noqa: F401  (re-exported: the schemas' module names them too)
 
 IDENTITY = {
@@ -24,16 +25,9 @@ IDENTITY = {
     "source_path": Value("string"),  # source image path relative to the sources root, when the run recorded it
 }
 
-VERDICT = {
-    "qualified": Value("bool"),
-    "has_disease": Value("bool"),
-    "structure_reasonable": Value("bool"),
-    "looks_realistic": Value("bool"),
-    "fidelity_preserved": Value("bool"),
-    "score": Value("float32"),  # weighted rubric score 40/25/20/15 in [0, 1]
-    "reason": Value("string"),
-}
-VERDICT_FIELDS = tuple(VERDICT)
+# the verdict's columns as records declares them (names, order); a score is stored as float32
+VERDICT = {name: Value({bool: "bool", float: "float32", str: "string"}[kind])
+           for name, kind in VERDICT_COLUMNS.items()}
 
 HISTORY_ITEM = {"round": Value("int32"), "instruction": Value("string"), "edit_error": Value("string"), **VERDICT}
 

@@ -17,13 +17,13 @@ from collections.abc import Iterable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from ..evaluation.stats import FIGURE
 from ..generation.rundir.lock import hold_lock
 from .features import CONFIG_NAMES
 from .manifest import MANIFEST
 
 BUILD_INFO = "medbanana-build.json"
 README = "README.md"
+FIGURE = "figure3.png"  # the paper's Figure 3 beside the card (paper.py)
 OWN_FILES = frozenset({BUILD_INFO, README, MANIFEST, FIGURE})
 _SHOWN = 5  # unknown entries named in the refusal
 

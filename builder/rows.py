@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
+from ..generation.records import verdict_values
 from ..generation.taxonomy import load_taxonomy
-from .runs import AttemptRecord, TaskRecord, verdict_values
+from .runs import AttemptRecord, TaskRecord
 from .safety import Confined
 
 Images = dict[str, dict | None]  # run-relative path -> image value (None: file missing)
@@ -45,7 +46,7 @@ def split_of(source_id: str, test_fraction: float) -> str:
 
 def canonical_prompt(task: TaskRecord) -> str:
     """The task in one sentence, e.g. "Add Pleural Effusion to this chest X-ray."."""
-    return _prompt(task.disease, task.modality, task.task)
+    return _prompt(task.disease, task.modality, task.direction)
 
 
 @lru_cache(maxsize=1024)
@@ -59,7 +60,7 @@ def _prompt(disease: str, modality: str | None, direction: str) -> str:
 
 def identity(task: TaskRecord) -> dict:
     return {"uid": task.uid, "source_id": task.source_id, "dataset": task.dataset, "modality": task.modality,
-            "disease": task.disease, "task": task.task, "source_path": task.source_path}
+            "disease": task.disease, "task": task.direction, "source_path": task.source_path}
 
 
 def verdict_columns(attempt: AttemptRecord) -> dict:

@@ -1,4 +1,5 @@
-"""The three readers of `runs.read_tasks`: one output folder's JSON, a §5.2 records file, an image-only folder.
+"""The readers of task records: the three of `runs.read_tasks` (one output folder's JSON, a §5.2 records file, an
+image-only folder) and that of a built dataset's `conversations` rows.
 
 Each entry is checked before it becomes a `TaskRecord`, so that nothing malformed reaches the rows: `task` is add
 or remove, a status is known, round numbers are distinct, a success names one of its rounds, `edit_result.success`
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from ..generation.records import VERDICT_FIELDS, json_bool, task_uid
 from ..generation.rundir import layout
 from ..generation.taxonomy import DIRECTIONS, load_taxonomy
 from . import run_json
@@ -81,7 +83,8 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
         _check_score(verification, where)
         image = None
         if edited:
-            image = layout.attempt_image_relpath(task.dataset, task.task, task.source_id, disease, number, accepted)
+            image = layout.attempt_image_relpath(task.dataset, task.direction, task.source_id, disease, number,
+                                                 accepted)
             confined.check(unit.run_dir, image, where)
         _add_attempt(task, AttemptRecord(
             round=number, instruction=raw.instruction or (prompt.prompt if prompt else None),
@@ -118,9 +121,9 @@ def _new_task(unit: Unit, key: str, disease: str, status: str | None, entry: sch
         api_failure = {"step": failure.step, "round": _failure_round(failure, fail_path), "error": failure.error,
                        "kind": failure.kind}
     return TaskRecord(
-        uid=entry.uid or f"{dataset}/{direction}/{source_id}-{disease}", run_dir=unit.run_dir,
+        uid=entry.uid or task_uid(dataset, direction, source_id, disease), run_dir=unit.run_dir,
         dataset=dataset, modality=entry.modality or infer_modality(dataset, disease), disease=disease,
-        task=direction, source_id=source_id, status=status, source_path=entry.source_path,
+        direction=direction, source_id=source_id, status=status, source_path=entry.source_path,
         source_sha256=entry.source_sha256, models=msgspec.structs.asdict(entry.models) if entry.models else None,
         seed=entry.seed, api_failure=api_failure,
         origin_file=origin[0], origin_entry=origin[1])
@@ -168,9 +171,9 @@ def _task_from_record(unit: Unit, line_no: int, line: bytes, confined: Confined)
         raise Refused(f"{where}: field 'task' is {_show(direction)}, not 'add' or 'remove'", MALFORMED)
     if status not in STATUSES:
         raise Refused(f"{where}: field 'outcome' is {_show(status)}, not one of {', '.join(STATUSES)}", MALFORMED)
-    task = TaskRecord(uid=f"{dataset}/{direction}/{source_id}-{disease}", run_dir=unit.run_dir, dataset=dataset,
+    task = TaskRecord(uid=task_uid(dataset, direction, source_id, disease), run_dir=unit.run_dir, dataset=dataset,
                       modality=rec.modality or infer_modality(dataset, disease), disease=disease,
-                      task=direction, source_id=source_id, status=status, success_round=rec.success_round,
+                      direction=direction, source_id=source_id, status=status, success_round=rec.success_round,
                       origin_file=unit.path, origin_entry=line_no)
     _check_rounds(task, [raw.round for raw in rec.rounds])
     for raw in rec.rounds:
@@ -212,6 +215,36 @@ def read_image_unit(unit: Unit, part: int, parts: int, confined: Confined, refus
     return tasks
 
 
+# --- a built dataset's conversations rows ------------------------------------------------------------------
+
+def read_built_conversations(folder: Path):
+    """Task records rebuilt from a built dataset's `conversations` rows (no images needed), one at a time."""
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(folder).glob("conversations/*.parquet"))
+    if not files:
+        raise ValueError(f"{folder}: no conversations/*.parquet; stats needs the conversations config "
+                         "(build with --configs including conversations), or the run directories")
+    columns = ["uid", "source_id", "dataset", "modality", "disease", "task", "run", "status", "success_round",
+               "rounds"]
+    for file in files:
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=1024, columns=columns):
+            for row in batch.to_pylist():
+                yield _task_from_row(row, Path(folder))
+
+
+def _task_from_row(row: dict, folder: Path) -> TaskRecord:
+    task = TaskRecord(uid=row["uid"], run_dir=Path(row["run"] or folder.name), dataset=row["dataset"],
+                      modality=row["modality"], disease=row["disease"], direction=row["task"],
+                      source_id=row["source_id"], status=row["status"], success_round=row["success_round"])
+    for r in row["rounds"] or []:
+        judged = r["qualified"] is not None or r["has_disease"] is not None
+        verdict = schema.Verification(**{k: r[k] for k in VERDICT_FIELDS}) if judged else None
+        _add_attempt(task, AttemptRecord(round=r["round"], instruction=r["instruction"], edit_error=r["edit_error"],
+                                         verdict=verdict, accepted=bool(r["accepted"]), image=r["image"]))
+    return task
+
+
 # --- checks ----------------------------------------------------------------------------------------------
 
 def _where(origin: tuple) -> str:
@@ -237,15 +270,14 @@ def _check_rounds(task: TaskRecord, numbers: list[int]) -> None:
 
 
 def _edit_succeeded(edit: schema.EditResult | None, where) -> bool:
-    """A JSON boolean, or the strings "true"/"false"; anything else is refused rather than guessed (a
-    non-empty string such as "false" is truthy in Python)."""
+    """A JSON boolean, or the strings "true"/"false" (`records.json_bool`); anything else is refused rather than
+    guessed: whether the round has an image decides which files are read."""
     value = True if edit is None or edit.success is None else edit.success
-    if value is True or value is False:
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise Refused(f"{where()}: field 'edit_result.success' is {_show(value)}; it must be true or false",
-                  MALFORMED)
+    succeeded = json_bool(value)
+    if succeeded is None:
+        raise Refused(f"{where()}: field 'edit_result.success' is {_show(value)}; it must be true or false",
+                      MALFORMED)
+    return succeeded
 
 
 def _check_score(verdict: schema.Verification | None, where) -> None:

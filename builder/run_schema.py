@@ -2,7 +2,7 @@
 
 One schema covers the original scripts' `all_conversations.json` entries and ours (which add fields; see
 ARCHITECTURE.md, "Records"), and the paper's §5.2 records. Booleans and scores are any JSON scalar (`Scalar`)
-because judges have been seen to answer "yes"/"no" or numbers as strings; `runs.as_bool` normalises them. An
+because judges have been seen to answer "yes"/"no" or numbers as strings; `records.as_bool` normalises them. An
 object or a list there, or an integer past its parquet column's range, is a malformed entry that msgspec names
 by its `$...` path. `gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic
 collector's sight halves the read time.
@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
+
+from ..generation.records import VERDICT_COLUMNS
 
 Scalar = bool | int | float | str | None
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # rounds: int32 columns
@@ -36,20 +38,17 @@ class GeneratePrompt(msgspec.Struct, gc=False):
 
 
 class EditResult(msgspec.Struct, gc=False):
-    success: Scalar = True  # `runs` reads it strictly: "false" is false, "no" is refused
+    success: Scalar = True  # read strictly (`records.json_bool`): "false" is false, "no" is refused
     error: str | None = None
 
 
-class Verification(msgspec.Struct, gc=False):
-    qualified: Scalar = None
-    has_disease: Scalar = None
-    structure_reasonable: Scalar = None
-    looks_realistic: Scalar = None
-    fidelity_preserved: Scalar = None  # ours
-    score: Scalar = None  # ours
-    reason: str | None = None
-    thinking_summary: msgspec.Raw = NULL
-    model: str | None = None  # ours
+# A round's `verification`: the verdict's columns as `records.VERDICT_COLUMNS` declares them (booleans and the score
+# as any scalar, normalised by `records.verdict_values`), then the judge's thinking (raw) and model (ours).
+Verification = msgspec.defstruct(
+    "Verification",
+    [*((name, str | None if kind is str else Scalar, None) for name, kind in VERDICT_COLUMNS.items()),
+     ("thinking_summary", msgspec.Raw, NULL), ("model", str | None, None)],
+    module=__name__, gc=False)
 
 
 class Round(msgspec.Struct, gc=False):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -37,11 +36,9 @@ import msgspec
 from ..generation.rundir import layout
 from ..generation.taxonomy import load_taxonomy
 from . import run_schema as schema
-from .features import VERDICT_FIELDS
 from .safety import Confined, Refused, handle, inside
 
 RECORDS_JSONL = "records.jsonl"
-IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 
 
 @dataclass(slots=True)
@@ -50,7 +47,7 @@ class AttemptRecord:
     instruction: str | None
     writer_thinking_json: msgspec.Raw | None = None  # decoded on use (see run_schema)
     edit_error: str | None = None  # set when the editor produced no image this round
-    verdict: schema.Verification | None = None  # as the judge answered; `verdict_values` normalises it
+    verdict: schema.Verification | None = None  # as the judge answered; `records.verdict_values` normalises it
     judge_thinking_json: msgspec.Raw | None = None
     judge_model: str | None = None
     accepted: bool = False
@@ -73,7 +70,7 @@ class TaskRecord:
     dataset: str
     modality: str | None
     disease: str
-    task: str  # add | remove
+    direction: str  # add | remove (the `task` column and JSON field)
     source_id: str
     status: str  # success | failed | api_failed
     attempts: list[AttemptRecord] = field(default_factory=list)
@@ -134,9 +131,9 @@ def discover_units(run_path: Path, refused=None) -> list[Unit]:
             return [Unit("records", run_path, run_path / RECORDS_JSONL)]
         except Refused as exc:
             handle(exc, refused)
-    own = re.match(r"^(?P<dataset>.+)-(?P<dir>edit|remove)$", run_path.name)
+    own = layout.parse_output_dir(run_path.name)
     if own and _has_json(run_path):  # pointed at one output folder
-        found = [(own["dataset"], "add" if own["dir"] == "edit" else "remove", run_path)]
+        found = [(*own, run_path)]
         root = run_path.parent
     else:
         found, root = layout.find_output_dirs(run_path), run_path
@@ -241,7 +238,7 @@ def image_files(unit: Unit):
         with os.scandir(unit.path / class_name) as found:
             names = sorted(e.name for e in found if e.is_file(follow_symlinks=False) or e.is_symlink())
         for name in names:
-            if os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES:
+            if os.path.splitext(name)[1].lower() in layout.IMAGE_SUFFIXES:
                 yield f"{folder}/{class_name}/{name}"
 
 
@@ -258,27 +255,3 @@ def infer_modality(dataset: str | None, disease: str | None) -> str | None:
         return found
     label = taxonomy.find(disease) if disease and disease.lower() != "normal" else None
     return label.modality if label else None
-
-
-def as_bool(value) -> bool | None:
-    if value is None or value.__class__ is bool:
-        return value
-    if isinstance(value, str):
-        return value.strip().lower() in {"true", "yes", "1", "pass", "passed"}
-    return bool(value)
-
-
-def verdict_values(raw: schema.Verification | None) -> dict:
-    """The VERDICT_FIELDS columns of a verdict, booleans and score normalised; all None when never judged."""
-    if raw is None:
-        return dict.fromkeys(VERDICT_FIELDS)
-    score = raw.score
-    if score is not None and score.__class__ is not float:  # ints too: pyarrow takes no int past int64 as float
-        try:
-            score = float(score)
-        except (TypeError, ValueError, OverflowError):  # a judge's words; the build refuses overflow earlier
-            score = None
-    return {"qualified": as_bool(raw.qualified), "has_disease": as_bool(raw.has_disease),
-            "structure_reasonable": as_bool(raw.structure_reasonable),
-            "looks_realistic": as_bool(raw.looks_realistic), "fidelity_preserved": as_bool(raw.fidelity_preserved),
-            "score": score, "reason": raw.reason}

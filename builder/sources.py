@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .runs import IMAGE_SUFFIXES
+from ..generation.rundir.layout import IMAGE_SUFFIXES
 from .safety import Confined, inside
 
 
@@ -40,29 +40,29 @@ class SourceIndex:
         """Image files in the folder."""
         return sum(map(len, self._by_stem.values()))
 
-    def find(self, dataset: str | None, task: str | None, disease: str | None, source_id: str,
+    def find(self, dataset: str | None, direction: str | None, disease: str | None, source_id: str,
              source_path: str | None = None) -> Path | None:
         """The source image file of a task, or None when this folder does not have it. Raises `safety.Refused`
         when the file found leads outside the folder."""
-        rel = self._find(dataset, task, disease, source_id, source_path)
+        rel = self._find(dataset, direction, disease, source_id, source_path)
         if rel is None:
             return None
-        return inside(self.root, rel, _looked_up(dataset, task, disease, source_id))
+        return inside(self.root, rel, _looked_up(dataset, direction, disease, source_id))
 
-    def image_value(self, dataset: str | None, task: str | None, disease: str | None, source_id: str,
+    def image_value(self, dataset: str | None, direction: str | None, disease: str | None, source_id: str,
                     source_path: str | None = None) -> dict | None:
         """`{"bytes", "path"}` for a datasets Image column: the file's bytes as they are, or None. Raises
         `safety.Refused` when the file leads outside the folder or is not a JPEG or PNG image."""
-        rel = self._find(dataset, task, disease, source_id, source_path)
+        rel = self._find(dataset, direction, disease, source_id, source_path)
         if rel is None:
             return None
-        return self._confined.read_image(self.root, rel, lambda: _looked_up(dataset, task, disease, source_id))
+        return self._confined.read_image(self.root, rel, lambda: _looked_up(dataset, direction, disease, source_id))
 
-    def _find(self, dataset, task, disease, source_id, source_path) -> str | None:
+    def _find(self, dataset, direction, disease, source_id, source_path) -> str | None:
         candidates = self._by_stem.get(source_id, [])
         if source_path and source_path in candidates:
             return source_path
-        class_dir = "normal" if task == "add" else disease
+        class_dir = "normal" if direction == "add" else disease
         for rel in candidates:
             parts = rel.split("/")
             if len(parts) >= 2 and parts[-2] == class_dir and (dataset is None or dataset in parts[:-2]):
@@ -79,14 +79,14 @@ class SourceIndex:
             "/".join(parts[:i + 1]) in self._dataset_dirs and parts[i] != dataset for i in range(len(parts)))
 
 
-def looked_for(dataset: str | None, task: str | None, disease: str | None, source_id: str,
+def looked_for(dataset: str | None, direction: str | None, disease: str | None, source_id: str,
                source_path: str | None = None) -> str:
     """What `SourceIndex.find` looks for, in words: said when a source is not found."""
     names = f"{source_id}.{{{','.join(s.lstrip('.') for s in IMAGE_SUFFIXES)}}}"
-    class_dir = "normal" if task == "add" else disease
+    class_dir = "normal" if direction == "add" else disease
     layout = f"{dataset}/.../{class_dir}/{names}" if dataset else f"{class_dir}/{names}"
     return (f"{source_path} or " if source_path else "") + f"{layout}, or a single {names} anywhere"
 
 
-def _looked_up(dataset, task, disease, source_id) -> str:
-    return f"the source images lookup for {dataset}/{task}/{source_id} ({disease})"
+def _looked_up(dataset, direction, disease, source_id) -> str:
+    return f"the source images lookup for {dataset}/{direction}/{source_id} ({disease})"

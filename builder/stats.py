@@ -10,9 +10,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..evaluation.reasons import reason_phrases
+from ..generation.records import as_bool
 from ..generation.rundir.provenance import read_mark
-from .runs import TaskRecord, as_bool
+from .reasons import reason_phrases
+from .runs import TaskRecord
 from .sources import looked_for
 
 DIMENSIONS = ("compliance", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
@@ -26,10 +27,10 @@ class BuildStats:
     rows: Counter = field(default_factory=Counter)  # (config, split) -> rows
     row_bytes: Counter = field(default_factory=Counter)  # (config, split) -> uncompressed size estimate
     shard_bytes: Counter = field(default_factory=Counter)  # (config, split) -> bytes on disk
-    tasks: Counter = field(default_factory=Counter)  # (modality, task, disease, status) -> tasks
+    tasks: Counter = field(default_factory=Counter)  # (modality, direction, disease, status) -> tasks
     datasets: Counter = field(default_factory=Counter)  # (run, dataset, modality) -> tasks
-    success_rounds: Counter = field(default_factory=Counter)  # (modality, task, round) -> accepted tasks
-    attempts: Counter = field(default_factory=Counter)  # (modality, task) -> attempts
+    success_rounds: Counter = field(default_factory=Counter)  # (modality, direction, round) -> accepted tasks
+    attempts: Counter = field(default_factory=Counter)  # (modality, direction) -> attempts
     verdicts: Counter = field(default_factory=Counter)  # (is add, raw judge values...) -> attempts; see below
     no_pair: Counter = field(default_factory=Counter)  # why a task gives no DPO pair -> tasks
     # verdict text -> rejected attempts with it; split into clauses only when summarised (counting whole texts
@@ -57,11 +58,11 @@ class BuildStats:
 
     def add_task(self, task: TaskRecord, images: dict, source_found: bool | None) -> None:
         modality = task.modality or "unknown"
-        self.tasks[(modality, task.task, task.disease, task.status)] += 1
+        self.tasks[(modality, task.direction, task.disease, task.status)] += 1
         self.datasets[(task.run_dir.name, task.dataset, modality)] += 1
         accepted = task.accepted
         if accepted is not None:
-            self.success_rounds[(modality, task.task, task.success_round)] += 1
+            self.success_rounds[(modality, task.direction, task.success_round)] += 1
             if task.success_round == 1:
                 self.no_pair["accepted at round 1"] += 1
         elif task.status == "api_failed":
@@ -70,8 +71,8 @@ class BuildStats:
             self.no_pair["never accepted"] += 1
         if accepted is not None and task.success_round is None:
             self.no_pair["round unknown (image-only release)"] += 1
-        self.attempts[(modality, task.task)] += len(task.attempts)
-        add = task.task == "add"
+        self.attempts[(modality, task.direction)] += len(task.attempts)
+        add = task.direction == "add"
         for attempt in task.attempts:
             if attempt.edit_error is not None:
                 self.edit_errors += 1
@@ -79,7 +80,7 @@ class BuildStats:
             if v is not None:  # raw values, normalised once per distinct pattern in dimension_counts()
                 self.verdicts[(add, v.has_disease, v.structure_reasonable, v.looks_realistic, v.fidelity_preserved,
                                v.qualified)] += 1
-                if as_bool(v.qualified) is False:  # each clause once per attempt, as evaluation.stats counts
+                if as_bool(v.qualified) is False:  # each clause once per attempt
                     self.rejection_texts[v.reason or ""] += 1
         for path, value in images.items():
             if value is None:
@@ -94,7 +95,7 @@ class BuildStats:
             self.sources_attached += source_found
             self.sources_missing += not source_found
             if not source_found and len(self.source_missing_examples) < MISSING_EXAMPLES:
-                example = looked_for(task.dataset, task.task, task.disease, task.source_id, task.source_path)
+                example = looked_for(task.dataset, task.direction, task.disease, task.source_id, task.source_path)
                 if example not in self.source_missing_examples:  # one source serves several tasks
                     self.source_missing_examples.append(example)
 
@@ -126,7 +127,7 @@ class BuildStats:
 
     @cached_property
     def failure_reasons(self) -> Counter:
-        """Verdict clause -> rejected attempts naming it (each clause once per attempt, as evaluation.stats).
+        """Verdict clause -> rejected attempts naming it (each clause once per attempt).
         Computed once, when first read: read summaries after the partitions' statistics are merged."""
         reasons: Counter = Counter()
         for text, n in self.rejection_texts.items():

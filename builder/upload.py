@@ -32,11 +32,12 @@ from pathlib import Path
 from ..generation.secrets import hold, scrub
 from . import CONFIG_NAMES
 from .manifest import MANIFEST, read_manifest, sha256_file, verify_manifest
+from .output import BUILD_INFO, OWN_FILES, README
 
 # Written last, in one commit: they name the data files, so they must never point at files not yet there.
-CARD_FILES = ("README.md", "medbanana-build.json", MANIFEST)
-# Root files the build writes (build.py, evaluation/stats.FIGURE): a remote one the build no longer has is stale.
-_BUILD_ROOT_FILES = {*CARD_FILES, "figure3.png"}
+CARD_FILES = (README, BUILD_INFO, MANIFEST)
+# Root files the build writes: a remote one the build no longer has is stale.
+_BUILD_ROOT_FILES = OWN_FILES
 _RESUME = "; the repository's card is unchanged until the last commit: run the same command again to resume"
 
 # Exception modules of the HTTP stacks huggingface_hub may use: their errors mean the endpoint was not reached.

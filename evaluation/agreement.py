@@ -20,15 +20,12 @@ import random
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from ..builder.runs import as_bool
-from ..generation.records import VERDICT_BOOLEANS
+from ..builder.tables import Table
+from ..generation.records import VERDICT_BOOLEANS, as_bool, strict_bool
 from .inputs import Sample, image_bytes
 from .judging import judge_once, labels
-from .tables import Table
 
 DIMENSIONS = VERDICT_BOOLEANS
-TRUE_WORDS = {"true", "yes", "1", "pass", "passed", "y", "t"}
-FALSE_WORDS = {"false", "no", "0", "fail", "failed", "n", "f"}
 
 
 # ---------------------------------------------------------------- statistics
@@ -102,12 +99,12 @@ def read_human_labels(path: Path) -> dict[str, dict[str, bool | None]]:
 
 
 def _boolean(value: str | None, where: str) -> bool | None:
-    text = (value or "").strip().lower()
-    if not text:
+    if not (value or "").strip():
         return None
-    if text in TRUE_WORDS | FALSE_WORDS:
-        return text in TRUE_WORDS
-    raise ValueError(f"{where}: {value!r} is not true/false, yes/no, 1/0 or pass/fail")
+    try:
+        return strict_bool(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def recorded_labels(sample: Sample) -> dict[str, bool | None] | None:

@@ -29,12 +29,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..builder.tables import Table, mean
+from ..generation.files import read_jsonl
 from .failures import eval_reasons
 from .inputs import Sample, image_bytes, read_image
 from .judging import judge_record, scores_note
 from .metrics import (CP_UNDEFINED, LPIPSMetric, LPIPSUnavailable, decode_medebench, derived_roi, pixel_metrics,
                       read_mask)
-from .tables import Table, mean
 
 SAMPLES = "samples.jsonl"
 SETTINGS = "eval-settings.json"
@@ -87,15 +88,7 @@ def _lpips() -> tuple[LPIPSMetric | None, str | None]:
 
 def read_records(path: Path) -> dict[str, dict]:
     """id -> record (the last line for an id wins); a torn last line is ignored."""
-    records = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            records[record["id"]] = record
-    return records
+    return {record["id"]: record for record in read_jsonl(path)}
 
 
 async def _score_all(samples: Iterable[Sample], done: set, path: Path, options: EvalOptions, judge, lpips) -> None:

@@ -31,18 +31,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..builder.features import CONFIG_NAMES, VERDICT_FIELDS
+from ..builder import CONFIG_NAMES
+from ..builder.output import BUILD_INFO
 from ..builder.rows import canonical_prompt
-from ..builder.runs import IMAGE_SUFFIXES, discover_units, read_tasks, verdict_values
+from ..builder.runs import discover_units, read_tasks
 from ..builder.sources import SourceIndex
+from ..generation.records import VERDICT_FIELDS, decode_rgb, verdict_values
 from ..generation.rundir import layout
-from ..generation.records import decode_rgb
+from ..generation.rundir.layout import IMAGE_SUFFIXES
 from ..generation.taxonomy import DIRECTIONS, load_taxonomy
 
 MANIFEST_NAMES = ("samples.jsonl", "samples.csv")
 REQUIRED = ("id", "source", "edited", "instruction", "disease", "direction")
-IMAGE_CONFIGS = ("sft", "failed", "judge")
-BUILD_INFO = "medbanana-build.json"
+SCORABLE_CONFIGS = ("sft", "failed", "judge")  # configs whose rows hold a source and an edited image
 
 ImageRef = bytes | Path  # bytes as stored in a dataset row, or a file
 
@@ -101,7 +102,7 @@ def open_samples(path: Path, *, config: str | None = None, split: str | None = N
     if kind == "manifest":
         if edits is not None or config is not None:
             raise ValueError("--edits and --config apply to built datasets and run directories, not to samples files")
-        samples = iter(read_manifest(path))
+        samples = iter(read_samples_file(path))
     elif kind == "dataset":
         samples = dataset_samples(path, config or "sft", split, source_images)
     else:
@@ -118,7 +119,7 @@ def open_samples(path: Path, *, config: str | None = None, split: str | None = N
 
 # ---------------------------------------------------------------- evaluation folders
 
-def read_manifest(path: Path) -> list[Sample]:
+def read_samples_file(path: Path) -> list[Sample]:
     file = path if path.is_file() else next(path / n for n in MANIFEST_NAMES if (path / n).is_file())
     root = file.parent
     if file.suffix == ".csv":
@@ -159,9 +160,9 @@ def normalise_disease(disease: str, modality: str | None) -> tuple[str, str | No
 def dataset_samples(folder: Path, config: str, split: str | None, source_images: Path | None) -> Iterator[Sample]:
     import pyarrow.parquet as pq
 
-    if config not in IMAGE_CONFIGS:
+    if config not in SCORABLE_CONFIGS:
         raise ValueError(f"config {config!r} has no source/edited image pair to score; use one of "
-                         f"{', '.join(IMAGE_CONFIGS)}")
+                         f"{', '.join(SCORABLE_CONFIGS)}")
     files = sorted(folder.glob(f"{config}/{split or '*'}-*.parquet"))
     if not files:
         present = sorted(p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.parquet")))
@@ -222,7 +223,7 @@ def _run_attempts(units, sources: SourceIndex, attempts: str) -> Iterator[Sample
     for unit in units:
         for task in read_tasks(unit):
             chosen = ([task.accepted] if task.accepted else []) if attempts == "accepted" else task.attempts
-            source = sources.find(task.dataset, task.task, task.disease, task.source_id, task.source_path)
+            source = sources.find(task.dataset, task.direction, task.disease, task.source_id, task.source_path)
             for attempt in chosen:
                 if not attempt.image:
                     continue  # the editor produced no image: nothing to score
@@ -231,7 +232,7 @@ def _run_attempts(units, sources: SourceIndex, attempts: str) -> Iterator[Sample
                 if source is None:
                     problem = f"source image {task.source_id} not found in {sources.root}"
                 yield Sample(id=sample_id(task.uid, attempt.round), dataset=task.dataset, modality=task.modality,
-                             disease=task.disease, direction=task.task,
+                             disease=task.disease, direction=task.direction,
                              instruction=attempt.instruction or canonical_prompt(task), source=source,
                              edited=edited, problem=problem,
                              recorded_verdict=verdict_values(attempt.verdict) if attempt.verdict else None)

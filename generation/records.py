@@ -20,7 +20,93 @@ from .secrets import scrub
 DEFAULT_MAX_PIXELS = 89_478_485
 RUBRIC_WEIGHTS = {"has_disease": 0.40, "structure_reasonable": 0.25, "looks_realistic": 0.20,
                   "fidelity_preserved": 0.15}
-VERDICT_BOOLEANS = ("has_disease", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
+# The one declaration of a verdict's judged fields, names, types and order (the dataset's verdict columns). The
+# builder's msgspec struct and `datasets` features, the judge's answer schema and `Verdict` follow it (tests pin
+# `Verdict`). Original judges wrote no fidelity_preserved nor score: those are ours.
+VERDICT_COLUMNS: dict[str, type] = {
+    "qualified": bool, "has_disease": bool, "structure_reasonable": bool, "looks_realistic": bool,
+    "fidelity_preserved": bool,
+    "score": float,  # weighted rubric score (40/25/20/15) in [0, 1]
+    "reason": str,
+}
+VERDICT_FIELDS = tuple(VERDICT_COLUMNS)
+VERDICT_BOOLEANS = (*RUBRIC_WEIGHTS, "qualified")  # the rubric's dimensions, then the overall decision
+
+# What a yes or a no may be written as: judges have answered "yes"/"no", numbers as strings; humans label in CSVs.
+TRUE_WORDS = frozenset({"true", "yes", "1", "pass", "passed", "y", "t"})
+FALSE_WORDS = frozenset({"false", "no", "0", "fail", "failed", "n", "f"})
+
+
+def task_uid(dataset: str, direction: str, source_id: str, disease: str) -> str:
+    """A task's id, unique within a run: `{dataset}/{direction}/{source_id}-{disease}` (the key is unique per
+    dataset and direction only)."""
+    return f"{dataset}/{direction}/{source_id}-{disease}"
+
+
+def as_bool(value) -> bool | None:
+    """A boolean as a judge wrote it: None and booleans as they are, a word of TRUE_WORDS (any case, blanks
+    stripped) true and any other word false, a number by its truth."""
+    if value is None or value.__class__ is bool:
+        return value
+    if isinstance(value, str):
+        return value.strip().lower() in TRUE_WORDS
+    return bool(value)
+
+
+def strict_bool(value) -> bool | None:
+    """`as_bool`, where a word must be one of TRUE_WORDS or FALSE_WORDS (a person's label): ValueError otherwise."""
+    if isinstance(value, str) and value.strip().lower() not in TRUE_WORDS | FALSE_WORDS:
+        raise ValueError(f"{value!r} is not true/false, yes/no, 1/0 or pass/fail")
+    return as_bool(value)
+
+
+def json_bool(value) -> bool | None:
+    """A JSON boolean, or the strings "true"/"false" (any case); None for anything else, which a reader that must
+    not guess (a non-empty string such as "false" is truthy in Python) refuses."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return None
+
+
+def as_score(value) -> float | None:
+    """A rubric score as a float (ints too: pyarrow takes no int past int64 as float); None when it is not a
+    number (a judge's words, an integer too large for a float)."""
+    if value is None or value.__class__ is float:
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def verdict_values(verification) -> dict:
+    """The VERDICT_COLUMNS of a round JSON's `verification`, booleans and score normalised; all None when it is
+    None (never judged): the one reading of a verdict, for the journal and the builder. `verification` is an
+    object with those attributes: the builder's msgspec struct, or `JsonFields(a dict as json decodes it)`."""
+    if verification is None:
+        return dict.fromkeys(VERDICT_FIELDS)
+    v = verification
+    score = v.score
+    # written out rather than looped over VERDICT_COLUMNS (twice as fast): a build calls this for every row it
+    # writes; tests pin the keys to VERDICT_COLUMNS
+    return {"qualified": as_bool(v.qualified), "has_disease": as_bool(v.has_disease),
+            "structure_reasonable": as_bool(v.structure_reasonable), "looks_realistic": as_bool(v.looks_realistic),
+            "fidelity_preserved": as_bool(v.fidelity_preserved),
+            "score": score if score is None or score.__class__ is float else as_score(score), "reason": v.reason}
+
+
+class JsonFields:
+    """A JSON object's keys as attributes, None where missing: a dict for `verdict_values`."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: dict):
+        self._raw = raw
+
+    def __getattr__(self, name: str):
+        return self._raw.get(name)
 
 
 @dataclass(frozen=True)
@@ -44,8 +130,7 @@ class Task:
 
     @property
     def uid(self) -> str:
-        """Unique within a run: the same key can exist once per dataset and direction."""
-        return f"{self.dataset}/{self.direction}/{self.key}"
+        return task_uid(self.dataset, self.direction, self.source_id, self.disease)
 
     @property
     def source_relpath(self) -> str:
@@ -176,10 +261,13 @@ class Verdict:
 
     @classmethod
     def from_json(cls, raw: dict) -> "Verdict":
-        return cls(**{k: raw.get(k, d) for k, d in (
-            ("has_disease", False), ("structure_reasonable", False), ("looks_realistic", False),
-            ("fidelity_preserved", False), ("qualified", False), ("reason", ""), ("score", 0.0),
-            ("thinking_summary", ""), ("model", ""), ("details", {}))})
+        judged = {name: _UNJUDGED[name] if value is None else value
+                  for name, value in verdict_values(JsonFields(raw)).items()}
+        return cls(**judged, thinking_summary=raw.get("thinking_summary", ""), model=raw.get("model", ""),
+                   details=raw.get("details", {}))
+
+
+_UNJUDGED = {name: kind() for name, kind in VERDICT_COLUMNS.items()}  # False, 0.0, "": a field the JSON lacks
 
 
 @dataclass

@@ -74,7 +74,7 @@ def written_as_path(name: str) -> bool:
 
 
 def _check_built_folder(folder: Path) -> None:
-    if (folder / layout.RUN_CONFIG).is_file() or any(folder.glob("*-edit")) or any(folder.glob("*-remove")):
+    if (folder / layout.RUN_CONFIG).is_file() or layout.find_output_dirs(folder):
         raise ValueError(f"{folder} is a run directory, not a built dataset; build it first: "
                          f"medbanana build {folder} --out DATASET_DIR, then load DATASET_DIR")
     if not (folder / "README.md").is_file():

@@ -183,7 +183,7 @@ def paper_table1_from_json(run_dir) -> dict:
 def test_readme_embeds_table1_table2_and_figure3_listed_in_the_manifest(built, builder_ours_run):
     from PIL import Image as PILImage
 
-    from medbanana.evaluation.reasons import reason_phrases
+    from medbanana.builder.reasons import reason_phrases
 
     out, info = built
     readme = (out / "README.md").read_text()

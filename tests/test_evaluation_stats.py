@@ -10,7 +10,7 @@ from PIL import Image
 
 from medbanana.builder.build import build
 from medbanana.evaluation import commands, stats
-from medbanana.evaluation.reasons import reason_phrases
+from medbanana.builder.reasons import reason_phrases
 from medbanana.generation.rundir import layout
 
 CXR, FUNDUS = "MIMIC_hand_cxr", "ODIR_hand_fundus"

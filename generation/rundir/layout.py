@@ -28,11 +28,27 @@ RUN_CONFIG = "medbanana-run.json"
 STATS = "medbanana-stats.json"
 SOURCES_MANIFEST = "medbanana-sources.json"
 
-_DIR_RE = re.compile(r"^(?P<dataset>.+)-(?P<dir>edit|remove)$")
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")  # image files of a run (attempts, sources found by the builder)
+# {D}-edit, {D}-remove, {D}-edit-failed, {D}-remove-failed
+_LAYOUT_DIR = re.compile(r"^(?P<dataset>.+)-(?P<word>edit|remove)(?P<failed>-failed)?$")
+_DIRECTION_OF_WORD = {word: direction for direction, word in DIRECTION_FOLDER.items()}
 
 
 def direction_word(direction: str) -> str:
     return DIRECTION_FOLDER[direction]
+
+
+def is_layout_dir(name: str) -> bool:
+    """Whether a folder name is one of the layout's four per dataset and direction."""
+    return _LAYOUT_DIR.match(name) is not None
+
+
+def parse_output_dir(name: str) -> tuple[str, str] | None:
+    """(dataset, direction) of an output folder name `{D}-edit` / `{D}-remove`; None for any other name."""
+    m = _LAYOUT_DIR.match(name)
+    if m is None or m["failed"]:
+        return None
+    return m["dataset"], _DIRECTION_OF_WORD[m["word"]]
 
 
 def output_dir(run_dir: Path, dataset: str, direction: str) -> Path:
@@ -78,9 +94,9 @@ def find_output_dirs(run_dir: Path) -> list[tuple[str, str, Path]]:
     """(dataset, direction, path) for every {D}-edit / {D}-remove folder in a run directory."""
     found = []
     for path in sorted(Path(run_dir).iterdir()):
-        m = _DIR_RE.match(path.name)
-        if path.is_dir() and m:
-            found.append((m["dataset"], "add" if m["dir"] == "edit" else "remove", path))
+        parsed = parse_output_dir(path.name)
+        if path.is_dir() and parsed:
+            found.append((*parsed, path))
     return found
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -32,8 +31,6 @@ FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
 IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed")
 ORPHANS = "medbanana-orphans"  # images on opening that no journal line names and this run did not write
-IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-_LAYOUT_DIR_RE = re.compile(r"^.+-(edit|remove)(-failed)?$")
 
 
 class RunConfigMismatch(RuntimeError):
@@ -122,7 +119,7 @@ class RunStore:
             if path.is_file() and TEMP_NAME.match(path.name):
                 path.unlink()
                 self.reconciled["temp_files"] += 1
-            elif path.is_dir() and not path.is_symlink() and _LAYOUT_DIR_RE.match(path.name):
+            elif path.is_dir() and not path.is_symlink() and layout.is_layout_dir(path.name):
                 for folder, _, files in os.walk(path):
                     for name in files:
                         file = Path(folder) / name
@@ -130,7 +127,7 @@ class RunStore:
                         if TEMP_NAME.match(name):
                             file.unlink()
                             self.reconciled["temp_files"] += 1
-                        elif name.lower().endswith(IMAGE_SUFFIXES) and rel not in named:
+                        elif name.lower().endswith(layout.IMAGE_SUFFIXES) and rel not in named:
                             self._orphan(rel)
 
     def _orphan(self, rel: str) -> None:

@@ -1,4 +1,5 @@
-"""A small table type shared by `eval`, `judge-agreement` and `stats`: raw values in, markdown and CSV out.
+"""A small table type of the card's statistics, `eval`, `judge-agreement` and `stats`: raw values in, markdown and
+CSV out.
 
 Rows keep raw values (numbers, None) so the CSV holds full precision; `formats` decide how markdown shows them.
 """

@@ -1,6 +1,6 @@
 """Failure reasons of rejected attempts as countable phrases: normalised clauses of the judge's verdict text.
 
-Kept apart from stats.py (it imports nothing of the package) so that `builder.stats` can count reasons while it builds, for the card.
+Counted by `builder.stats` while it builds (for the card) and reported by `medbanana stats`.
 """
 
 from __future__ import annotations
