@@ -1,4 +1,5 @@
-"""The `medbanana` command: demo, generate, taxonomy, and the builder's build / upload / verify."""
+"""The `medbanana` command: demo, generate, merge, taxonomy; `prepare` (cli_prepare.py), eval / judge-agreement /
+stats (evaluation/commands.py) and the builder's build / upload / verify register their own subcommands."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args) -> int:
-    from .generation.runners.generate import run_demo
+    from .generation.runners.demo import run_demo
 
     summary = run_demo(args.out, n_normal=args.normal, n_diseased=args.diseased, concurrency=args.concurrency,
                        seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build)
@@ -46,6 +47,7 @@ def cmd_generate(args) -> int:
 
     from PIL import Image
 
+    from .generation.backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
     from .generation.runners.generate import BackendSpec, default_backend, generate, run_config
     from .generation.runners.local import RunOptions
     from .generation.sources.scan import Selection
@@ -68,18 +70,17 @@ def cmd_generate(args) -> int:
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     backend = args.backend or default_backend()
     roles = {role: getattr(args, role) or backend for role in ("writer", "editor", "judge")}
-    spec = BackendSpec(backend, roles, gemini=dict(
-        writer_model=args.writer_model, editor_model=args.editor_model, judge_model=args.judge_model, rpm=args.rpm,
-        tpm=args.tpm, timeout=args.timeout, max_attempts=args.max_attempts, retry_base_delay=args.retry_base_delay,
-        image_aware_writer=args.image_aware_writer), open=dict(
+    shared = dict(rpm=args.rpm, timeout=args.timeout, max_attempts=args.max_attempts,
+                  retry_base_delay=args.retry_base_delay, image_aware_writer=args.image_aware_writer)
+    spec = BackendSpec(backend, roles, gemini=GeminiSettings(
+        writer_model=args.writer_model, editor_model=args.editor_model, judge_model=args.judge_model, tpm=args.tpm,
+        **shared), openai=OpenAISettings(
         base_url=args.openai_base_url, model=args.openai_model, writer_model=args.writer_model,
-        judge_model=args.judge_model, editor_model=args.editor_model, structured_output=args.structured_output,
-        rpm=args.rpm, timeout=args.timeout, max_attempts=args.max_attempts, retry_base_delay=args.retry_base_delay,
-        image_aware_writer=args.image_aware_writer,
-        diffusers={"steps": args.diffusers_steps, "guidance_scale": args.guidance_scale,
-                   "image_guidance_scale": args.image_guidance_scale, "resolution": args.diffusers_resolution,
-                   "dtype": args.dtype, "device": args.device, "batch_size": args.diffusers_batch_size,
-                   "attention": args.diffusers_attention, "attention_dir": args.save_attention}))
+        judge_model=args.judge_model, structured_output=args.structured_output, **shared), diffusers=DiffusersSettings(
+        model=args.editor_model, steps=args.diffusers_steps, guidance_scale=args.guidance_scale,
+        image_guidance_scale=args.image_guidance_scale, resolution=args.diffusers_resolution, dtype=args.dtype,
+        device=args.device, batch_size=args.diffusers_batch_size, attention=args.diffusers_attention,
+        attention_dir=args.save_attention))
     if args.workers > 1 and (args.batch or roles["editor"] == "diffusers"):
         print("medbanana generate: --workers is for API backends; with --batch one process submits everything, "
               "and a diffusers editor would load its model once per worker", file=sys.stderr)
@@ -236,10 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("taxonomy", help="list modalities, labels, edit targets and their regions")
     p.set_defaults(func=cmd_taxonomy)
 
+    from . import cli_prepare
     from .evaluation import commands as evaluation_commands
-    from .generation.sources import prepare as prepare_command
 
-    prepare_command.register(sub)
+    cli_prepare.register(sub)
     evaluation_commands.register(sub)
     try:
         from .builder import commands as builder_commands

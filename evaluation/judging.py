@@ -5,13 +5,14 @@ scores (has `score(task, source, edited, instruction, ground_truth)` -> records.
 
 * gemini: the judge model answers prompts/eval_score.txt (with the ground-truth edit when the sample has one)
   through a JSON schema of two integers 0-10 and a reason;
-* simulator: continuous scores from the pixel judge's measurements (generation/simulator/scores.py).
+* simulator: continuous scores from the pixel judge's measurements (generation/backends/simulator/scores.py).
 
 A backend that cannot score (e.g. openai) falls back to its rubric verdict's passes (10 = pass, 0 = fail): EA from
 instruction compliance, VQ from structural plausibility and realism weighed 25:20 as in the rubric. Either way the
 rubric verdict is asked for too, for CP (judge) (fidelity preserved, 10 or 0) and the qualified rate. Which method
 was used, and the prompts' versions and templates, are recorded once per evaluation (`judge_description`), and
-each record keeps the prompts sent.
+each record keeps the prompts sent. What a backend sends and how it scores are its class attributes (`prompts`,
+`scoring_prompt`, `scoring_mapping`), so no backend is named here.
 """
 
 from __future__ import annotations
@@ -20,27 +21,27 @@ import asyncio
 from pathlib import Path
 
 from ..generation import backends
+from ..generation.prompts import judge_prompt, load_prompt, score_prompt
 from ..generation.records import (RUBRIC_WEIGHTS, VERDICT_BOOLEANS, EditedImage, EditScores, SourceImage, Task,
                                   Verdict)
 from .inputs import Sample, image_bytes
 
 SCALE = 10.0
-GEMINI_TRANSPORT_OPTIONS = ("api_key", "base_url", "timeout", "max_attempts", "retry_base_delay", "retry_max_delay",
-                            "cache_dir", "rpm")
 
 
 def make_judge(backend: str, *, model: str | None = None, temperature: float | None = None, **transport_options):
-    """A judge backend by name. Gemini takes a model, a temperature and transport options (see GeminiTransport)."""
-    if backend != "gemini":
-        if model or temperature is not None:
-            raise ValueError(f"--judge-model and --temperature apply to the gemini judge, not {backend!r}")
-        return backends.create("judge", backend)
-    unknown = set(transport_options) - set(GEMINI_TRANSPORT_OPTIONS)
-    if unknown:
-        raise ValueError(f"unknown gemini transport options: {', '.join(sorted(unknown))}")
+    """A judge backend by name. An API judge (one that sends `prompts`, e.g. gemini) takes a model, a temperature
+    and transport options (see its transport); a judge that sends no prompt takes none of them."""
     options = {k: v for k, v in transport_options.items() if v is not None}
-    return backends.create("judge", "gemini", temperature=temperature, **({"model": model} if model else {}),
-                           **options)
+    if not getattr(backends.backend_class("judge", backend), "prompts", ()):
+        if model or temperature is not None:
+            raise ValueError(f"--judge-model and --temperature apply to an API judge (e.g. gemini), not {backend!r}")
+        return backends.create("judge", backend)
+    try:
+        return backends.create("judge", backend, temperature=temperature, **({"model": model} if model else {}),
+                               **options)
+    except TypeError as exc:  # an option the backend or its transport does not take
+        raise ValueError(f"options of the {backend} judge: {exc}") from None
 
 
 def can_score(judge) -> bool:
@@ -54,15 +55,15 @@ def judge_description(judge) -> dict:
     info = {"backend": getattr(judge, "name", type(judge).__name__), "model": getattr(judge, "model", None),
             "prompt": None, "prompt_template": None}
     scoring = {"method": "scorer" if can_score(judge) else "verdict_passes", "prompt": None, "prompt_template": None}
-    if info["backend"] == "gemini":
-        from ..generation.backends.gemini import load_prompt
-
-        prompt, score_prompt = load_prompt("judge"), load_prompt("eval_score")
+    if "judge" in getattr(judge, "prompts", ()):
+        prompt = load_prompt("judge")
         info.update(prompt=prompt.tag, prompt_template=prompt.template.template,
                     temperature=getattr(judge, "temperature", None))
-        scoring.update(prompt=score_prompt.tag, prompt_template=score_prompt.template.template)
-    elif info["backend"] == "simulator":
-        scoring["mapping"] = "pixel measurements to 0-10, medbanana/generation/simulator/scores.py"
+    if can_score(judge) and getattr(judge, "scoring_prompt", ""):
+        score_template = load_prompt(judge.scoring_prompt)
+        scoring.update(prompt=score_template.tag, prompt_template=score_template.template.template)
+    elif can_score(judge) and getattr(judge, "scoring_mapping", ""):
+        scoring["mapping"] = judge.scoring_mapping
     return {**info, "scores": scoring}
 
 
@@ -86,10 +87,9 @@ def task_of(sample: Sample) -> Task:
 
 
 def rendered_prompt(judge, sample: Sample) -> str | None:
-    if getattr(judge, "name", None) != "gemini":
+    """The verdict prompt the judge sends for this sample (None for a judge that sends none)."""
+    if "judge" not in getattr(judge, "prompts", ()):
         return None
-    from ..generation.backends.gemini import judge_prompt
-
     try:
         return judge_prompt(task_of(sample), sample.instruction)
     except ValueError:  # not a taxonomy target: the judge call fails the same way and says so
@@ -97,10 +97,8 @@ def rendered_prompt(judge, sample: Sample) -> str | None:
 
 
 def rendered_score_prompt(judge, sample: Sample) -> str | None:
-    if getattr(judge, "name", None) != "gemini":
+    if not getattr(judge, "scoring_prompt", ""):
         return None
-    from ..generation.backends.gemini import score_prompt
-
     try:
         return score_prompt(task_of(sample), sample.instruction, sample.ground_truth is not None)
     except ValueError:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from datasets import Features, Image, IterableDataset, List, Value
 
-from ..generation.backends.gemini import JudgeAnswer, judge_prompt, writer_prompt
+from ..generation.prompts import JudgeAnswer, judge_prompt, writer_prompt
 from ..generation.records import Attempt, Instruction, Task, Verdict
 
 MESSAGES = List({"role": Value("string"), "content": Value("string")})

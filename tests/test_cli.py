@@ -12,7 +12,7 @@ def scripted_backend():
     for role, cls in (("writer", "ScriptedWriter"), ("editor", "ScriptedEditor"), ("judge", "ScriptedJudge")):
         backends.register("scripted", role, f"scripted:{cls}")
     yield "scripted"
-    backends.REGISTRY.pop("scripted")
+    backends.unregister("scripted")
 
 
 def test_help_explains_every_command(capsys):

@@ -16,7 +16,7 @@ from medbanana.evaluation.evaluate import read_records
 from medbanana.evaluation.judging import can_score, judge_description, make_judge
 from medbanana.generation.backends import Judge
 from medbanana.generation.testing.fake_gemini import FakeGemini
-from medbanana.generation.backends.gemini import load_prompt, score_prompt
+from medbanana.generation.prompts import load_prompt, score_prompt
 from medbanana.generation.records import EditedImage, SourceImage, Task, encode_jpeg
 from medbanana.generation.backends.simulator.editor import SimulatedEditor
 from medbanana.generation.backends.simulator.judge import PixelJudge

@@ -24,7 +24,8 @@ from medbanana.generation import backends
 from medbanana.generation.backends import APIError, EditRefused
 from medbanana.generation.testing.echo import EchoJudge
 from medbanana.generation.testing.fake_gemini import FakeGemini
-from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter, editor_prompt
+from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter
+from medbanana.generation.prompts import editor_prompt
 from medbanana.generation.records import (Attempt, EditedImage, Instruction, SourceImage, Task, Verdict,
                                           decode_rgb, encode_jpeg, rubric_score)
 

@@ -28,7 +28,8 @@ from medbanana.generation.rundir import layout
 from medbanana.generation.runners.batch import JOBS_FILE
 from medbanana.generation.testing.fake_gemini import FakeGemini
 from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter
-from medbanana.generation.runners.generate import gemini_options, generate
+from medbanana.generation.backends.settings import GeminiSettings
+from medbanana.generation.runners.generate import generate
 from medbanana.generation.records import EditedImage, SourceImage, Task, decode_rgb
 from medbanana.generation.runners.local import RunOptions
 from medbanana.generation.sources.scan import scan_sources
@@ -65,7 +66,7 @@ def _run(fake, sources: Path, out: Path, faults=(), *, batch: dict | None = None
          retry_failed: bool = False):
     """One whole run in this process, through pipeline.generate; batch=None is the concurrent runner."""
     fake.reset(faults)
-    options = gemini_options(out, ROLES, max_attempts=3, retry_base_delay=0.01, timeout=5)
+    options = GeminiSettings(max_attempts=3, retry_base_delay=0.01, timeout=5).options(out, ROLES)
     return generate(sources, out, backend="gemini", roles=ROLES, backend_options=options, limit=None,
                     options=RunOptions(max_rounds=max_rounds, concurrency=3, quiet=True, retry_failed=retry_failed),
                     batch=None if batch is None else {"poll_interval": 0.02, **batch})

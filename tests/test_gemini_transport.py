@@ -15,11 +15,13 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from medbanana.generation.testing.faults import Fault
-from medbanana.generation.backends.gemini import (PROMPT_NAMES, clean_instruction, editor_prompt, history_json, judge_prompt,
-                                         parse_prompt, parse_verdict, prompt_versions, read_answer, writer_prompt)
+from medbanana.generation.backends.gemini import read_answer
+from medbanana.generation.prompts import (PROMPT_NAMES, clean_instruction, editor_prompt, history_json, judge_prompt,
+                                          parse_prompt, parse_verdict, prompt_versions, writer_prompt)
 from medbanana.generation.records import Attempt, Instruction, Task, Verdict
 from medbanana.generation.taxonomy import load_taxonomy
-from medbanana.generation.backends.gemini_transport import (RateLimiter, RequestCache, RetryPolicy, classify, parse_retry_after)
+from medbanana.generation.backends.gemini_transport import RequestCache, classify
+from medbanana.generation.backends.http import RateLimiter, RetryPolicy, parse_retry_after
 
 
 def test_rate_limiter_spaces_request_starts():
@@ -185,7 +187,7 @@ def test_clean_instruction():
 
 
 def test_token_limiter_keeps_a_minute_of_usage_under_tpm():
-    from medbanana.generation.backends.gemini_transport import TokenLimiter
+    from medbanana.generation.backends.http import TokenLimiter
 
     now = [0.0]
     limiter = TokenLimiter(1000, clock=lambda: now[0])

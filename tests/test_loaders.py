@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from medbanana.builder.features import CONFIG_FEATURES, VERDICT_FIELDS
-from medbanana.generation.backends.gemini import parse_verdict
+from medbanana.generation.prompts import parse_verdict
 from medbanana.loaders import (attach_sources, convert, load_medbanana, to_diffusion_dpo, to_editor_sft,
                                to_judge_sft, to_pandas, to_refiner_dpo)
 from medbanana.loaders import hub as hub_module

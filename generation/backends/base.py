@@ -1,13 +1,20 @@
 """Backend interfaces (writer, editor, judge) and the registry that builds them by name.
 
-A backend is a small class with one async method. Registry entries are import strings so that an optional
-dependency is imported only when that backend is constructed, and fails there with the pip extra to install.
+A backend is a small class with one async method; its class attributes say what a run records about it (`name`,
+`prompts`). Registry entries are import strings so that an optional dependency is imported only when that backend
+is constructed, and fails there with the pip extra to install.
+
+The built-in table is read-only. To add a backend, name its class by import string: `create("judge",
+"mypkg.judge:MyJudge")`, or `register("mine", "judge", "mypkg.judge:MyJudge")` (this process only; `unregister`
+takes it back) so that `--judge mine` and `available()` know it.
 """
 
 from __future__ import annotations
 
 import abc
 import importlib
+from types import MappingProxyType
+from typing import Mapping
 
 from ..records import EditedImage, Instruction, SourceImage, Task, Verdict, Attempt
 from ..secrets import scrub
@@ -36,7 +43,12 @@ class APIError(BackendError):
         self.kind = kind
 
 
-class InstructionWriter(abc.ABC):
+class _Backend:
+    name = ""
+    prompts: tuple[str, ...] = ()  # the generation/prompts it fills in: a run records their versions
+
+
+class InstructionWriter(_Backend, abc.ABC):
     """Writes round 1's instruction, and later ones from the full history of instructions and verdicts."""
 
     name = "writer"
@@ -45,7 +57,7 @@ class InstructionWriter(abc.ABC):
     async def write(self, task: Task, source: SourceImage, history: list[Attempt]) -> Instruction: ...
 
 
-class Editor(abc.ABC):
+class Editor(_Backend, abc.ABC):
     """Edits the ORIGINAL source image according to an instruction."""
 
     name = "editor"
@@ -54,10 +66,16 @@ class Editor(abc.ABC):
     async def edit(self, task: Task, source: SourceImage, instruction: str, seed: int) -> EditedImage: ...
 
 
-class Judge(abc.ABC):
-    """Judges an edit against the original and the instruction with the medical rubric."""
+class Judge(_Backend, abc.ABC):
+    """Judges an edit against the original and the instruction with the medical rubric.
+
+    A judge that also grades edits 0-10 for evaluation has `score(task, source, edited, instruction,
+    ground_truth)` -> records.EditScores, and says how: `scoring_prompt` (the prompt it sends) or
+    `scoring_mapping` (how it maps measurements to scores)."""
 
     name = "judge"
+    scoring_prompt = ""
+    scoring_mapping = ""
 
     @abc.abstractmethod
     async def judge(self, task: Task, source: SourceImage, edited: EditedImage, instruction: str) -> Verdict: ...
@@ -65,34 +83,52 @@ class Judge(abc.ABC):
 
 ROLES = ("writer", "editor", "judge")
 
-# name -> role -> "module:Class" (relative to medbanana.generation)
-REGISTRY: dict[str, dict[str, str]] = {
+# name -> role -> "module:Class" (relative to medbanana.generation.backends)
+BUILTIN: Mapping[str, Mapping[str, str]] = MappingProxyType({name: MappingProxyType(roles) for name, roles in {
     "simulator": {"writer": ".simulator.writer:TemplateWriter",
                   "editor": ".simulator.editor:SimulatedEditor",
                   "judge": ".simulator.judge:PixelJudge"},
     "gemini": {"writer": ".gemini:GeminiWriter", "editor": ".gemini:GeminiEditor", "judge": ".gemini:GeminiJudge"},
     "openai": {"writer": ".openai_compatible:OpenAIWriter", "judge": ".openai_compatible:OpenAIJudge"},
     "diffusers": {"editor": ".diffusers_editor:DiffusersEditor"},
-}
+}.items()})
+_registered: dict[str, dict[str, str]] = {}  # this process's additions (register), looked up before BUILTIN
 
 
 def register(name: str, role: str, target: str) -> None:
-    """Register a backend class by import string, e.g. register("mine", "judge", "mypkg.judge:MyJudge")."""
+    """Register a backend class by import string for this process, e.g. register("mine", "judge",
+    "mypkg.judge:MyJudge")."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-    REGISTRY.setdefault(name, {})[role] = target
+    _registered.setdefault(name, {})[role] = target
+
+
+def unregister(name: str) -> None:
+    """Forget what `register` added under `name` (the built-in backends stay)."""
+    _registered.pop(name, None)
+
+
+def _target(role: str, name: str) -> str | None:
+    for table in (_registered, BUILTIN):
+        if role in table.get(name, {}):
+            return table[name][role]
+    return None
 
 
 def available(role: str) -> list[str]:
-    return sorted(name for name, roles in REGISTRY.items() if role in roles)
+    return sorted(name for name in {*BUILTIN, *_registered} if _target(role, name))
+
+
+def backend_class(role: str, name: str) -> type:
+    """The class of the `role` backend registered as `name`, or named by an import string "package.module:Class"."""
+    target = _target(role, name) or (name if ":" in name else None)
+    if target is None:
+        raise ValueError(f"no {role} backend named {name!r}; available: {', '.join(available(role))}")
+    module_name, _, class_name = target.partition(":")
+    module = importlib.import_module(module_name, package=__package__)
+    return getattr(module, class_name)
 
 
 def create(role: str, name: str, **options):
-    """Construct the `role` backend registered as `name` with keyword options."""
-    try:
-        target = REGISTRY[name][role]
-    except KeyError:
-        raise ValueError(f"no {role} backend named {name!r}; available: {', '.join(available(role))}") from None
-    module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name, package=__package__)
-    return getattr(module, class_name)(**options)
+    """Construct the `role` backend registered as `name` (or named by an import string) with keyword options."""
+    return backend_class(role, name)(**options)

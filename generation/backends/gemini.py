@@ -1,183 +1,52 @@
 """The Gemini backend: instruction writer, image editor and judge over the google-genai async client.
 
-Prompts live in generation/prompts/*.txt (first line `version: N`); building a prompt and parsing an answer are
-separate small functions. Calls go through `transport.GeminiTransport` (cache, rate limit, retries, timeout).
-Permanent editor failures raise `EditRefused(kind, ...)`; writer and judge failures, and anything that survived
-the transport's retries, raise `APIError(kind, ...)`.
+The prompts and the reading of answers are `generation/prompts.py`'s (shared with the OpenAI-compatible backend);
+the response schemas that make Gemini answer in their shape are here. Calls go through
+`gemini_transport.GeminiTransport` (cache, rate limit, retries, timeout). Permanent editor failures raise
+`EditRefused(kind, ...)`; writer and judge failures, and anything that survived the transport's retries, raise
+`APIError(kind, ...)`.
 
 Each backend's logic (what to send, how to read the answer, when to ask again) is written once, as an exchange:
 a generator that yields `Request`s and is sent the `Answer` to each (or has the call's `APIError` thrown in).
-`write` / `edit` / `judge` drive it call by call; `batch.py` drives the exchanges of many tasks at once.
+`write` / `edit` / `judge` drive it call by call (http.drive); `batch.py` drives the exchanges of many tasks at once.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import string
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
-from typing import Generator, TypeVar
+from typing import TypeVar
 
 from google.genai import types
-from pydantic import BaseModel, Field
 
 from .base import APIError, Editor, EditRefused, InstructionWriter, Judge
+from ..prompts import (WRITER_PROMPTS, JudgeAnswer, ScoreAnswer, clean_instruction, editor_prompt, judge_prompt,
+                       load_prompt, parse_scores, parse_verdict, score_prompt, verdict_from_answer, writer_prompt)
 from ..records import (Attempt, EditedImage, EditScores, Instruction, SourceImage, Task, Usage, Verdict,
-                      decode_rgb, encode_jpeg, rubric_score)
+                       VERDICT_BOOLEANS, decode_rgb, encode_jpeg)
 from ..secrets import scrub
-from ..taxonomy import load_taxonomy
 from .gemini_transport import GeminiTransport, Request
+from . import http
+from .http import add_usage, ask_until_usable, drive
 
 DEFAULT_EDITOR_MODEL = "gemini-2.5-flash-image"
 DEFAULT_TEXT_MODEL = "gemini-2.5-pro"  # writer and judge
-PROMPT_NAMES = ("writer_add", "writer_remove", "writer_refine", "editor", "judge")  # generation runs
 # Finish reasons that are a refusal: asking again with the same content will not help.
 REFUSAL_REASONS = {"SAFETY", "IMAGE_SAFETY", "PROHIBITED_CONTENT", "IMAGE_PROHIBITED_CONTENT", "BLOCKLIST",
                    "SPII", "RECITATION", "IMAGE_RECITATION"}
 JPEG_MAGIC, JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
 
-
-# ---------------------------------------------------------------- prompts
-
-@dataclass(frozen=True)
-class Prompt:
-    name: str
-    version: str
-    template: string.Template
-
-    @property
-    def tag(self) -> str:
-        return f"{self.name}/{self.version}"
-
-    def render(self, **fields) -> str:
-        return self.template.substitute(fields)
-
-
-def parse_prompt(name: str, text: str) -> Prompt:
-    first, _, body = text.partition("\n")
-    match = re.fullmatch(r"version:\s*(\S+)", first.strip())
-    if not match:
-        raise ValueError(f"prompt {name}.txt must start with a line 'version: N', not {first!r}")
-    return Prompt(name, match.group(1), string.Template(body.strip()))
-
-
-@lru_cache(maxsize=None)
-def load_prompt(name: str) -> Prompt:
-    text = resources.files("medbanana.generation").joinpath("prompts", f"{name}.txt").read_text(encoding="utf-8")
-    return parse_prompt(name, text)
-
-
-def prompt_versions() -> dict[str, str]:
-    """Every prompt's version, to record in a run's configuration."""
-    return {name: load_prompt(name).version for name in PROMPT_NAMES}
-
-
-def task_fields(task: Task) -> dict[str, str]:
-    taxonomy = load_taxonomy()
-    label = taxonomy.target(task.disease, task.modality)
-    modality = taxonomy.modality(task.modality)
-    return {"view": modality.view, "modality": modality.display, "finding": label.name,
-            "direction": task.direction, "region": label.region_text, "signs": "; ".join(label.signs)}
-
-
-def history_json(history: list[Attempt]) -> str:
-    """Earlier rounds for the refinement prompt: instruction plus verdict or edit error, oldest first."""
-    rounds = []
-    for attempt in sorted(history, key=lambda a: a.round):
-        entry = {"round": attempt.round, "instruction": attempt.instruction.text}
-        if attempt.edit_error:
-            entry["edit_error"] = attempt.edit_error
-        if attempt.verdict:
-            v = attempt.verdict
-            entry["verdict"] = {"has_disease": v.has_disease, "structure_reasonable": v.structure_reasonable,
-                                "looks_realistic": v.looks_realistic, "fidelity_preserved": v.fidelity_preserved,
-                                "qualified": v.qualified, "reason": v.reason}
-        rounds.append(entry)
-    return json.dumps(rounds, indent=1, ensure_ascii=False)
-
-
-def writer_prompt(task: Task, history: list[Attempt]) -> tuple[Prompt, str]:
-    if history:
-        prompt = load_prompt("writer_refine")
-        return prompt, prompt.render(**task_fields(task), history=history_json(history))
-    prompt = load_prompt(f"writer_{task.direction}")
-    return prompt, prompt.render(**task_fields(task))
-
-
-def editor_prompt(task: Task, instruction: str) -> str:
-    return load_prompt("editor").render(**task_fields(task), instruction=instruction.strip())
-
-
-def judge_prompt(task: Task, instruction: str) -> str:
-    return load_prompt("judge").render(**task_fields(task), instruction=instruction.strip())
-
-
-def score_prompt(task: Task, instruction: str, with_ground_truth: bool) -> str:
-    """The 0-10 scoring prompt (evaluation); the images are attached in the order it names."""
-    images = ("The attached images are, in order: the ORIGINAL, a GROUND-TRUTH edit made by experts for the same "
-              "instruction, and the EDITED result." if with_ground_truth else
-              "The attached images are, in order: the ORIGINAL and the EDITED result.")
-    return load_prompt("eval_score").render(**task_fields(task), instruction=instruction.strip(), images=images)
-
-
-# ---------------------------------------------------------------- answers
-
-class JudgeAnswer(BaseModel):
-    has_disease: bool
-    structure_reasonable: bool
-    looks_realistic: bool
-    fidelity_preserved: bool
-    qualified: bool
-    reason: str
-
+# ---------------------------------------------------------------- response schemas (prompts.py's answer models)
 
 _BOOL = types.Schema(type="BOOLEAN")
 VERDICT_SCHEMA = types.Schema(
-    type="OBJECT",
-    properties={"has_disease": _BOOL, "structure_reasonable": _BOOL, "looks_realistic": _BOOL,
-                "fidelity_preserved": _BOOL, "qualified": _BOOL, "reason": types.Schema(type="STRING")},
+    type="OBJECT", properties={**dict.fromkeys(VERDICT_BOOLEANS, _BOOL), "reason": types.Schema(type="STRING")},
     required=list(JudgeAnswer.model_fields), property_ordering=list(JudgeAnswer.model_fields))
-
-
-class ScoreAnswer(BaseModel):
-    editing_accuracy: int = Field(ge=0, le=10)
-    visual_quality: int = Field(ge=0, le=10)
-    reason: str
-
 
 _SCORE = types.Schema(type="INTEGER", minimum=0, maximum=10)
 SCORE_SCHEMA = types.Schema(
     type="OBJECT", properties={"editing_accuracy": _SCORE, "visual_quality": _SCORE,
                                "reason": types.Schema(type="STRING")},
     required=list(ScoreAnswer.model_fields), property_ordering=list(ScoreAnswer.model_fields))
-
-
-def _json_answer(text: str):
-    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
-    raw = json.loads(body)
-    return raw[0] if isinstance(raw, list) and len(raw) == 1 else raw
-
-
-def parse_scores(text: str) -> ScoreAnswer:
-    """The scorer's JSON answer; ValueError when it is not two integer scores in 0-10 and a reason."""
-    return ScoreAnswer.model_validate(_json_answer(text))
-
-
-def parse_verdict(text: str) -> JudgeAnswer:
-    """The judge's JSON answer (bare or in a ```json fence); ValueError when it is not a complete verdict."""
-    return JudgeAnswer.model_validate(_json_answer(text))
-
-
-def clean_instruction(text: str) -> str:
-    """The writer's answer without a label or wrapping quotes; ValueError when nothing is left."""
-    text = re.sub(r"^\s*(new\s+)?instruction\s*:\s*", "", text.strip(), flags=re.IGNORECASE).strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        text = text[1:-1].strip()
-    if not text:
-        raise ValueError("the answer holds no instruction")
-    return text
 
 
 @dataclass
@@ -211,43 +80,21 @@ def read_answer(response: types.GenerateContentResponse) -> Answer:
                   usage)
 
 
-def _add_usage(total: Usage, more: Usage) -> Usage:
-    return Usage(total.input_tokens + more.input_tokens, total.output_tokens + more.output_tokens,
-                 total.thinking_tokens + more.thinking_tokens)
-
-
 def _image_part(data: bytes, mime_type: str) -> types.Part:
     return types.Part.from_bytes(data=data, mime_type=mime_type)
 
 
 T = TypeVar("T")
-Exchange = Generator[Request, Answer, T]  # yields requests, is sent answers, returns the backend's result
+Exchange = http.Exchange[Request, Answer, T]  # yields requests, is sent answers, returns the backend's result
 
 
 async def run_exchange(exchange: Exchange[T], transport: GeminiTransport) -> T:
-    """Drive an exchange call by call through the transport.
+    """Drive an exchange call by call through the transport (http.drive: the answers of an exchange that ends in
+    an APIError are dropped from the request cache)."""
+    async def call(request: Request) -> Answer:
+        return read_answer(await transport.generate(request.model, request.contents, request.config))
 
-    When it ends in an APIError, the answers it got are dropped from the request cache: they were unusable (a
-    refusal, an unparseable verdict), and `--retry-failed` must ask again rather than replay them. Answers of an
-    exchange that ended well stay, so a resumed run replays them without paying twice.
-    """
-    answered: list[Request] = []
-    try:
-        request = next(exchange)
-        while True:
-            try:
-                response = await transport.generate(request.model, request.contents, request.config)
-            except APIError as exc:
-                request = exchange.throw(exc)
-            else:
-                answered.append(request)
-                request = exchange.send(read_answer(response))
-    except StopIteration as done:
-        return done.value
-    except APIError:
-        for request in answered:
-            transport.forget(request.model, request.contents, request.config)
-        raise
+    return await drive(exchange, call, lambda r: transport.forget(r.model, r.contents, r.config))
 
 
 # ---------------------------------------------------------------- backends
@@ -256,7 +103,7 @@ class _GeminiBackend:
     """Shared construction: the model id, sampling options and the transport (built from options or shared).
 
     Transport options: api_key, base_url, timeout, max_attempts, retry_base_delay, retry_max_delay, cache_dir,
-    rpm, sleep, jitter_seed (see GeminiTransport).
+    rpm, tpm, sleep, jitter_seed (see GeminiTransport).
     """
 
     name = "gemini"
@@ -285,54 +132,24 @@ class _TextBackend(_GeminiBackend):
 
     def _ask(self, parts: list[types.Part], config: types.GenerateContentConfig, parse, what: str):
         """Exchange returning (parsed, answer of the last call, total usage, calls made); APIError when no usable
-        answer came."""
-        usage, note, tries = Usage(), None, 1 + self.max_reasks
-        for number in range(1, tries + 1):
-            answer = yield self._request(parts + ([types.Part(text=note)] if note else []), config)
-            usage = _add_usage(usage, answer.usage)
+        answer came (http.ask_until_usable)."""
+        def text_of(answer: Answer) -> str:
             if answer.block_reason:
                 raise APIError("prompt_blocked", f"{self.model} blocked the {what} prompt: {answer.block_reason}")
             if answer.finish_reason in REFUSAL_REASONS:
                 raise APIError(answer.finish_reason.lower(), f"{self.model} refused the {what}: {answer.finish_reason}")
-            try:
-                return parse(answer.text), answer, usage, number
-            except ValueError as exc:
-                problem = f"{type(exc).__name__}: {str(exc)[:200]}"
-            note = reask_note(problem, number, tries)
-        raise unusable(what, self.model, tries, problem)
+            return answer.text
 
-
-def verdict_from_answer(ans: "JudgeAnswer", task: Task, *, thinking: str, model: str, usage: Usage,
-                        details: dict) -> Verdict:
-    """A judge's parsed answer as a Verdict. Compliance is enforced on our side: `qualified` needs the disease
-    present after add and absent after remove; the score is the 40/25/20/15 rubric."""
-    verdict = Verdict(has_disease=ans.has_disease, structure_reasonable=ans.structure_reasonable,
-                      looks_realistic=ans.looks_realistic, fidelity_preserved=ans.fidelity_preserved,
-                      qualified=ans.qualified, reason=ans.reason, thinking_summary=thinking, model=model,
-                      usage=usage, details=details)
-    compliant = verdict.compliance(task.direction)
-    if verdict.qualified and not compliant:
-        verdict.qualified = False
-        verdict.details["qualified_overridden"] = (
-            f"has_disease must be {'true' if task.direction == 'add' else 'false'} after {task.direction}")
-    verdict.score = rubric_score(compliant, ans.structure_reasonable, ans.looks_realistic, ans.fidelity_preserved)
-    return verdict
-
-
-def reask_note(problem: str, number: int, tries: int) -> str:
-    """What a re-ask adds to the prompt: a different payload every time, so the request cache cannot return the
-    same unusable answer (shared by the OpenAI-compatible backend)."""
-    return (f"Your previous answer could not be used ({problem}). This is try {number + 1} of {tries}: "
-            f"answer again, exactly in the requested format.")
-
-
-def unusable(what: str, model: str, tries: int, problem: str) -> APIError:
-    return APIError(f"unparseable_{what}", f"{model}: no usable {what} after {tries} tries; last: {problem}")
+        return ask_until_usable(
+            lambda note: self._request(parts + ([types.Part(text=note)] if note else []), config),
+            lambda answer: answer.usage, text_of, parse, what=what, model=self.model, max_reasks=self.max_reasks)
 
 
 class GeminiWriter(_TextBackend, InstructionWriter):
     """Round 1 from the task (and the source image when image_aware); later rounds from the original image and
     every earlier instruction with its verdict."""
+
+    prompts = WRITER_PROMPTS
 
     def __init__(self, *, image_aware: bool = True, **options):
         super().__init__(**options)
@@ -356,6 +173,8 @@ class GeminiEditor(_GeminiBackend, Editor):
     Text-only and NO_IMAGE answers are stochastic: asked again with the next seed up to max_image_retries times.
     """
 
+    prompts = ("editor",)
+
     def __init__(self, *, model: str = DEFAULT_EDITOR_MODEL, max_image_retries: int = 2, **options):
         super().__init__(model=model, **options)
         self.max_image_retries = max_image_retries
@@ -375,7 +194,7 @@ class GeminiEditor(_GeminiBackend, Editor):
                 if exc.kind == "invalid_argument":
                     raise EditRefused(exc.kind, str(exc).partition(": ")[2]) from None
                 raise
-            usage = _add_usage(usage, answer.usage)
+            usage = add_usage(usage, answer.usage)
             if answer.block_reason:
                 raise EditRefused("prompt_blocked", f"{self.model} blocked the edit prompt: {answer.block_reason}")
             if answer.finish_reason in REFUSAL_REASONS:
@@ -413,6 +232,9 @@ class GeminiJudge(_TextBackend, Judge):
     Instruction compliance is enforced here: after `remove` has_disease must be false (after `add`, true) for
     the edit to qualify, whatever the model said; the model's own call is kept in details.
     """
+
+    prompts = ("judge",)
+    scoring_prompt = "eval_score"
 
     async def judge(self, task: Task, source: SourceImage, edited: EditedImage, instruction: str) -> Verdict:
         return await run_exchange(self.judge_exchange(task, source, edited, instruction), self.transport)

@@ -1,11 +1,12 @@
-"""Calls to the Gemini API: client construction, rate limiting, retries, timeouts and a request cache.
+"""Calls to the Gemini API: the google-genai client, its errors' classification and its request cache.
 
 One `GeminiTransport.generate()` call is one logical request: it is answered from the cache when an identical
-request already completed, otherwise sent through the google-genai async client with a per-model rate limit, a
-per-call timeout, and bounded retries (exponential back-off with jitter, Retry-After honoured) on 408/429/5xx,
-timeouts and transport errors. What cannot be retried raises `backends.APIError` with a kind. The API key never
-appears in a message or in anything written: answers are scrubbed (secrets.py) before they are parsed for use or
-cached, so an endpoint that echoes the request's headers leaves no key behind.
+request already completed, otherwise sent through the google-genai async client with what http.Transport adds
+(a per-model rate limit owned by the transport, a per-call timeout, and bounded retries with back-off and jitter,
+Retry-After honoured, on 408/429/5xx, timeouts and transport errors). What cannot be retried raises
+`backends.APIError` with a kind. The API key never appears in a message or in anything written: answers are
+scrubbed (secrets.py) before they are parsed for use or cached, so an endpoint that echoes the request's headers
+leaves no key behind.
 
 The Batch API (used by `batch.py`) goes through the same client: `create_batch` sends requests inline or, over
 the inline limit, as an uploaded JSONL file; `get_batch` polls; `batch_results` reads what a finished job returned.
@@ -13,30 +14,23 @@ the inline limit, as an uploaded JSONL file; `get_batch` polls; `batch_results` 
 
 from __future__ import annotations
 
-import asyncio
-import email.utils
 import hashlib
 import json
 import os
-import random
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import pydantic
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from .base import APIError
-from .limits import RateLimiter, RetryPolicy, TokenLimiter, shared_limiter, shared_token_limiter  # noqa: F401
+from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
+    parse_retry_after
 from ..secrets import hold, holds_secret, scrub, scrub_model
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
-# Exception modules of the HTTP stacks google-genai may use; their errors are network trouble, worth a retry.
-_TRANSPORT_MODULES = {"httpx", "httpx2", "httpcore", "httpcore2", "aiohttp", "anyio", "h11", "ssl"}
 
 
 def resolve_api_key(api_key: str | None = None) -> str:
@@ -46,52 +40,26 @@ def resolve_api_key(api_key: str | None = None) -> str:
     return key.strip()
 
 
-class RequestCache:
-    """Completed responses stored as JSON files named by a hash of the request payload (model, contents, config).
-
-    The API key is not part of a request payload, so it never reaches a key or a file.
-    """
-
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
+class RequestCache(ResponseCache):
+    """Gemini answers by request (model, contents, config), kept as the JSON the API sent."""
 
     @staticmethod
     def key(model: str, contents: list[types.Content], config: types.GenerateContentConfig) -> str:
         """sha256 of the payload, inline data stood in for by its own sha256: hashing image bytes once is far
         cheaper than base64 and JSON of them on every call."""
-        payload = {"model": model, "contents": [_content_for_key(c) for c in contents],
-                   "config": config.model_dump(mode="json", exclude_none=True)}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-    def _path(self, key: str) -> Path:
-        return self.directory / key[:2] / f"{key}.json"
+        return ResponseCache.hash({"model": model, "contents": [_content_for_key(c) for c in contents],
+                                   "config": config.model_dump(mode="json", exclude_none=True)})
 
     def get(self, key: str) -> types.GenerateContentResponse | None:
+        text = self.read(key)
         try:
-            text = self._path(key).read_text(encoding="utf-8")
-            return types.GenerateContentResponse.model_validate_json(text)
-        except FileNotFoundError:
-            return None
+            return None if text is None else types.GenerateContentResponse.model_validate_json(text)
         except ValueError:  # a torn or foreign file: ignore it, the call is made again and the file replaced
             return None
-
-    def __contains__(self, key: str) -> bool:
-        return self._path(key).exists()
-
-    def forget(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
 
     def put(self, key: str, response: types.GenerateContentResponse) -> None:
         body = response.model_dump_json(exclude_none=True, exclude={"sdk_http_response"})
         self.put_json(key, scrub_response(response, body)[1])
-
-    def put_json(self, key: str, body: str) -> None:
-        """Store a response's JSON text as the API sent it (no re-serialisation: a plain file write)."""
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(body)}.tmp")
-        tmp.write_text(body, encoding="utf-8")
-        os.replace(tmp, path)
 
 
 def scrub_response(response: types.GenerateContentResponse, body: str) -> tuple[types.GenerateContentResponse, str]:
@@ -117,31 +85,6 @@ def _content_for_key(content: types.Content) -> dict:
     return {"role": content.role, "parts": parts}
 
 
-@dataclass
-class CallFailure:
-    """What went wrong with one HTTP call, classified."""
-
-    kind: str
-    message: str
-    retryable: bool
-    retry_after: float | None = None
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header: delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
-
-
 def _retry_info_delay(details) -> float | None:
     """Gemini puts its wait in the error body: details[{"@type": ...RetryInfo, "retryDelay": "37s"}]."""
     try:
@@ -155,21 +98,6 @@ def _retry_info_delay(details) -> float | None:
     return None
 
 
-STATUS_KINDS = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found",
-                422: "invalid_argument"}
-
-
-def failure_for_status(code: int, message: str, retry_after: float | None) -> CallFailure:
-    """An HTTP error status as a kind: 408, 429 and 5xx are retried; other 4xx are permanent."""
-    if code == 429:
-        return CallFailure("rate_limited", message, True, retry_after)
-    if code == 408:
-        return CallFailure("timeout", message, True, retry_after)
-    if code >= 500:
-        return CallFailure("server_error", message, True, retry_after)
-    return CallFailure(STATUS_KINDS.get(code, "client_error"), message, False)
-
-
 def classify(exc: BaseException) -> CallFailure:
     """Map an exception from one call to a kind; unknown exceptions are programming errors and re-raised."""
     if isinstance(exc, genai_errors.APIError):
@@ -180,14 +108,7 @@ def classify(exc: BaseException) -> CallFailure:
         if retry_after is None:
             retry_after = _retry_info_delay(exc.details)
         return failure_for_status(code, message, retry_after)
-    if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:  # ours, or the HTTP stack's
-        return CallFailure("timeout", "no answer within the per-call timeout", True)
-    if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in _TRANSPORT_MODULES:
-        return CallFailure("transport", f"{type(exc).__name__}: {exc}", True)
-    # a 200 whose body is torn, garbled or not a response at all
-    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)):
-        return CallFailure("bad_response", f"{type(exc).__name__}: {exc}", True)
-    raise exc
+    return classify_common(exc)
 
 
 INLINE_LIMIT = 19_000_000  # bytes; the API takes inline batches up to 20 MB
@@ -237,6 +158,10 @@ def item_failure(error: dict) -> CallFailure:
     return classify(genai_errors.APIError(code, {"error": {**error, "code": code}}))
 
 
+def _total_tokens(response: types.GenerateContentResponse) -> int:
+    return (response.usage_metadata.total_token_count or 0) if response.usage_metadata is not None else 0
+
+
 def _read_results_file(path: Path) -> Iterator[tuple[str, BatchItem]]:
     with open(path, encoding="utf-8") as fh:
         for line in fh:
@@ -251,65 +176,29 @@ def _read_results_file(path: Path) -> Iterator[tuple[str, BatchItem]]:
     path.unlink()
 
 
-async def call_with_retries(owner, what: str, make_call, classify_error, *, timeout: float,
-                            limiter: RateLimiter | None = None):
-    """The retry loop shared by the Gemini and OpenAI-compatible transports. `owner` provides retry (RetryPolicy),
-    _sleep, _rng, redact() and a network_calls counter; `classify_error` maps an exception to a CallFailure."""
-    attempt = 0
-    while True:
-        attempt += 1
-        if limiter:
-            await limiter.acquire(owner._sleep)
-        owner.network_calls += 1
-        try:
-            async with asyncio.timeout(timeout):
-                return await make_call()
-        except Exception as exc:  # classified below; programming errors are re-raised by classify_error
-            failure = classify_error(exc)
-        if not failure.retryable or attempt == owner.retry.max_attempts:
-            gave_up = f": gave up after {attempt} attempts; last" if failure.retryable else ""
-            raise APIError(failure.kind, f"{what}{gave_up}: {owner.redact(failure.message)[:600]}")
-        await owner._sleep(owner.retry.delay(attempt - 1, failure.retry_after, owner._rng))
+class GeminiTransport(Transport):
+    """The google-genai async client plus everything around a call (http.Transport: timeout, retries, limits per
+    model, the request cache). One instance may serve several backends; options as http.Transport's, plus api_key
+    and base_url."""
 
+    cache_type = RequestCache
 
-class GeminiTransport:
-    """The google-genai async client plus everything around a call. One instance may serve several backends."""
-
-    def __init__(self, *, api_key: str | None = None, base_url: str | None = None, timeout: float = 180.0,
-                 max_attempts: int = 6, retry_base_delay: float = 2.0, retry_max_delay: float = 60.0,
-                 cache_dir: str | Path | None = None, rpm: float | None = None, tpm: float | None = None,
-                 sleep=asyncio.sleep, jitter_seed: int | None = None):
+    def __init__(self, *, api_key: str | None = None, base_url: str | None = None, **options):
         self._secret = resolve_api_key(api_key)
         hold(self._secret)  # an `api_key=` option is not in the environment: scrub must know it all the same
-        # The client's own timeout is a backstop; the per-call timeout below bounds the whole call.
-        http_options = types.HttpOptions(timeout=int((timeout + 5) * 1000))
+        super().__init__(secrets=(self._secret,), **options)
+        # The client's own timeout is a backstop; the per-call timeout bounds the whole call.
+        http_options = types.HttpOptions(timeout=int((self.timeout + 5) * 1000))
         if base_url:
             http_options.base_url = base_url
         self._client = genai.Client(api_key=self._secret, http_options=http_options)
         # google-genai's async HTTP request (method, path, JSON body, options): not a documented name, so looked up
         # here; without it every call takes the SDK's public method (see `_answer`)
         self.direct = getattr(getattr(self._client.aio, "_api_client", None), "async_request", None)
-        self.timeout = timeout
-        self.retry = RetryPolicy(max_attempts=max_attempts, base_delay=retry_base_delay, max_delay=retry_max_delay)
-        self.cache = RequestCache(Path(cache_dir)) if cache_dir else None
-        self.rpm = rpm
-        self.tpm = tpm
-        self._sleep = sleep
-        self._rng = random.Random(jitter_seed)
-        self.network_calls = 0
-        self.cache_hits = 0
-
-    def redact(self, text: str) -> str:
-        return scrub(text, (self._secret,))
-
-    def error(self, failure: CallFailure, what: str) -> APIError:
-        return APIError(failure.kind, f"{what}: {self.redact(failure.message)[:600]}")
 
     async def call(self, what: str, make_call, *, timeout: float | None = None, limiter: RateLimiter | None = None):
-        """`await make_call()` under the per-call timeout, retried with back-off while retryable; APIError(kind)
-        when it cannot succeed. `what` names the call in messages."""
-        return await call_with_retries(self, what, make_call, classify, timeout=timeout or self.timeout,
-                                       limiter=limiter)
+        """`await make_call()` with retries (http.Transport.call_with_retries), google-genai's errors classified."""
+        return await self.call_with_retries(what, make_call, classify, timeout=timeout, limiter=limiter)
 
     async def generate(self, model: str, contents: list[types.Content],
                        config: types.GenerateContentConfig) -> types.GenerateContentResponse:
@@ -318,15 +207,10 @@ class GeminiTransport:
         if self.cache and (cached := self.cache.get(key)) is not None:
             self.cache_hits += 1
             return cached
-        tokens = shared_token_limiter(model, self.tpm) if self.tpm else None
-        if tokens:
-            await tokens.acquire(self._sleep)
         # The HTTP body as it came: parsed once here, and the cache stores that text as is (the SDK's conversion of
         # the answer plus re-serialising it for the cache cost ~15 % of throughput at 100 calls/s).
-        response, body = await self.call(model, lambda: self._answer(model, contents, config),
-                                         limiter=shared_limiter(model, self.rpm) if self.rpm else None)
-        if tokens and response.usage_metadata is not None:
-            tokens.record(response.usage_metadata.total_token_count or 0)
+        response, body = await self.limited_call(model, lambda: self._answer(model, contents, config), classify,
+                                                 lambda answer: _total_tokens(answer[0]))
         if self.cache:
             self.cache.put_json(key, body)
         return response

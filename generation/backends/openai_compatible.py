@@ -1,12 +1,12 @@
 """The `openai` backend: instruction writer and judge over any server that speaks OpenAI chat completions.
 
 vLLM, SGLang, Ollama, LM Studio or a hosted API serve as writer, refiner and judge with the SAME prompts and verdict
-schema as the Gemini backend (gemini.py: writer_prompt, judge_prompt, parse_verdict). The judge asks for structured
+schema as the Gemini backend (prompts.py: writer_prompt, judge_prompt, parse_verdict). The judge asks for structured
 output (a JSON schema) and, when the server rejects that with a 400, falls back to plain text read by a tolerant
 parser (JSON in prose or fences, <think> blocks stripped) for the rest of the run.
 
-Calls reuse the Gemini transport's retry machinery (transport.RetryPolicy, shared_limiter, parse_retry_after):
-bounded retries with back-off and jitter on 408/429/5xx, timeouts and connection errors; Retry-After honoured.
+Calls go through http.Transport, as the Gemini backend's do: bounded retries with back-off and jitter on
+408/429/5xx, timeouts and connection errors, Retry-After honoured, per-model limits owned by the transport.
 The key comes from OPENAI_API_KEY (local servers usually need none); it is never stored or printed: answers are
 scrubbed (secrets.py) as they arrive, before they are read or cached. With a cache_dir, completed answers are kept
 by a hash of the request, so a resumed run never asks twice.
@@ -14,22 +14,19 @@ by a hash of the request, so a resumed run never asks twice.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import hashlib
-import json
 import os
-import random
 import re
-from pathlib import Path
 
 from .base import APIError, InstructionWriter, Judge
-from .gemini import (JudgeAnswer, clean_instruction, judge_prompt, load_prompt, parse_verdict, reask_note, unusable,
-                     verdict_from_answer, writer_prompt)
+from ..prompts import (WRITER_PROMPTS, JudgeAnswer, clean_instruction, judge_prompt, load_prompt,
+                       parse_verdict_tolerant, verdict_from_answer, writer_prompt)
 from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Usage, Verdict
-from ..secrets import hold, scrub, scrub_model
-from .gemini_transport import (CallFailure, RetryPolicy, call_with_retries, classify, failure_for_status,
-                        parse_retry_after, shared_limiter)
+from ..secrets import hold, scrub_model
+from .http import CallFailure, ResponseCache, Transport, ask_until_usable, classify_common, drive, \
+    failure_for_status, parse_retry_after
+
+__all__ = ["OpenAIJudge", "OpenAITransport", "OpenAIWriter", "parse_verdict_tolerant"]
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 NO_KEY = "not-needed"  # the client insists on a key; servers without authentication ignore it
@@ -46,7 +43,8 @@ def _import_openai():
 
 
 def classify_openai(exc: BaseException) -> CallFailure:
-    """A failed chat-completions call as a kind; what the openai client does not raise goes to transport.classify."""
+    """A failed chat-completions call as a kind; what the openai client does not raise goes to
+    http.classify_common."""
     openai = _import_openai()
     if isinstance(exc, openai.APITimeoutError):
         return CallFailure("timeout", "no answer within the per-call timeout", True)
@@ -56,73 +54,51 @@ def classify_openai(exc: BaseException) -> CallFailure:
         code = exc.status_code
         message = f"HTTP {code}: {exc.message}"
         return failure_for_status(code, message, parse_retry_after(exc.response.headers.get("retry-after")))
-    return classify(exc)
+    return classify_common(exc)
 
 
-class OpenAITransport:
-    """The openai async client plus timeout, rate limit and retries (the client's own retries are off)."""
+class OpenAITransport(Transport):
+    """The openai async client plus what http.Transport adds (the client's own retries are off). Options as
+    http.Transport's, plus base_url (else OPENAI_BASE_URL) and api_key (else OPENAI_API_KEY)."""
 
-    def __init__(self, *, base_url: str | None = None, api_key: str | None = None, timeout: float = 180.0,
-                 max_attempts: int = 6, retry_base_delay: float = 2.0, retry_max_delay: float = 60.0,
-                 rpm: float | None = None, cache_dir: str | Path | None = None, sleep=asyncio.sleep,
-                 jitter_seed: int | None = None):
+    def __init__(self, *, base_url: str | None = None, api_key: str | None = None, **options):
         openai = _import_openai()
         self._secret = (api_key or os.environ.get(API_KEY_VARIABLE) or NO_KEY).strip()
         hold(self._secret if self._secret != NO_KEY else None)  # an `api_key=` option too must be scrubbed
+        super().__init__(**options)
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        self._client = openai.AsyncOpenAI(api_key=self._secret, base_url=self.base_url, timeout=timeout + 5,
+        self._client = openai.AsyncOpenAI(api_key=self._secret, base_url=self.base_url, timeout=self.timeout + 5,
                                           max_retries=0)
-        self.timeout = timeout
-        self.retry = RetryPolicy(max_attempts=max_attempts, base_delay=retry_base_delay, max_delay=retry_max_delay)
-        self.rpm = rpm
-        self.cache_dir = Path(cache_dir) if cache_dir else None
         self._completion_type = openai.types.chat.ChatCompletion
-        self._sleep = sleep
-        self._rng = random.Random(jitter_seed)
-        self.network_calls = 0
-        self.cache_hits = 0
 
-    def redact(self, text: str) -> str:
-        return scrub(text)
-
-    def cache_key(self, model: str, request: dict) -> str:
+    @staticmethod
+    def cache_key(model: str, request: dict) -> str:
         """sha256 of the request (the key is not part of it, so it never reaches a file name)."""
-        payload = json.dumps({"model": model, **request}, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode()).hexdigest()
+        return ResponseCache.hash({"model": model, **request})
 
-    def _cache_path(self, key: str) -> Path:
-        return self.cache_dir / key[:2] / f"{key}.json"
-
-    def forget(self, key: str) -> None:
+    def forget(self, model: str, request: dict) -> None:
         """Drop an answer that proved unusable, so that `--retry-failed` asks again."""
-        if self.cache_dir:
-            self._cache_path(key).unlink(missing_ok=True)
+        if self.cache:
+            self.cache.forget(self.cache_key(model, request))
 
     async def complete(self, model: str, **request):
         """One chat completion (from the cache when this request completed before); APIError(kind) once it cannot
         succeed."""
-        key = self.cache_key(model, request) if self.cache_dir else ""
-        if key and self._cache_path(key).exists():
+        key = self.cache_key(model, request) if self.cache else ""
+        if key and (text := self.cache.read(key)) is not None:
             try:
-                completion = self._completion_type.model_validate_json(self._cache_path(key).read_text())
+                completion = self._completion_type.model_validate_json(text)
                 self.cache_hits += 1
                 return scrub_model(completion)  # a file written before answers were scrubbed
             except ValueError:  # a torn or foreign file: asked again and replaced
                 pass
         # an endpoint may echo the request's headers, the key with them: scrubbed before it is read or cached
-        completion = scrub_model(await self._call(model, request))
+        completion = scrub_model(await self.limited_call(
+            model, lambda: self._client.chat.completions.create(model=model, **request), classify_openai,
+            lambda answer: (answer.usage.total_tokens or 0) if answer.usage else 0))
         if key:
-            path = self._cache_path(key)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(completion.model_dump_json(), encoding="utf-8")
-            os.replace(tmp, path)
+            self.cache.put_json(key, completion.model_dump_json())
         return completion
-
-    async def _call(self, model: str, request: dict):
-        return await call_with_retries(
-            self, model, lambda: self._client.chat.completions.create(model=model, **request), classify_openai,
-            timeout=self.timeout, limiter=shared_limiter(model, self.rpm) if self.rpm else None)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -147,17 +123,6 @@ def split_thinking(message) -> tuple[str, str]:
     if isinstance(extra, str) and extra.strip():
         thoughts.insert(0, extra.strip())
     return text, "\n".join(thoughts)
-
-
-def parse_verdict_tolerant(text: str) -> JudgeAnswer:
-    """parse_verdict, else the outermost {...} of an answer that wraps its JSON in prose; ValueError if neither."""
-    try:
-        return parse_verdict(text)
-    except ValueError as first:
-        start, end = text.find("{"), text.rfind("}")
-        if start < 0 or end <= start:
-            raise first
-        return parse_verdict(text[start:end + 1])
 
 
 def _usage(completion) -> Usage:
@@ -185,17 +150,23 @@ class _OpenAIBackend:
         self.transport = transport or OpenAITransport(**transport_options)
 
     async def _ask(self, content: list[dict], parse, what: str, response_format: dict | None = None):
-        """(parsed, thinking, usage, tries); a bounded number of re-asks when the answer cannot be used.
+        """(parsed, thinking, usage, tries); a bounded number of re-asks when the answer cannot be used
+        (http.ask_until_usable; the answers of an ask that ends in an APIError leave the cache, see http.drive)."""
+        def text_of(completion) -> str:
+            if not completion.choices:
+                raise APIError("bad_response", f"{self.model} answered without a choice")
+            choice = completion.choices[0]
+            if choice.finish_reason == "content_filter" or getattr(choice.message, "refusal", None):
+                raise APIError("refused", f"{self.model} refused the {what}: "
+                                          f"{(choice.message.refusal or choice.finish_reason)[:200]}")
+            return split_thinking(choice.message)[0]
 
-        When it ends in an APIError, the answers it got are dropped from the cache: they were unusable, and
-        `--retry-failed` must ask again rather than replay them (as gemini.run_exchange does)."""
-        answered: list[str] = []
-        try:
-            return await self._ask_until_usable(content, parse, what, response_format, answered)
-        except APIError:
-            for key in answered:
-                self.transport.forget(key)
-            raise
+        exchange = ask_until_usable(lambda note: self._request(content, note, response_format), _usage, text_of,
+                                    parse, what=what, model=self.model, max_reasks=self.max_reasks)
+        parsed, completion, usage, tries = await drive(
+            exchange, lambda request: self.transport.complete(self.model, **request),
+            lambda request: self.transport.forget(self.model, request))
+        return parsed, split_thinking(completion.choices[0].message)[1], usage, tries
 
     def _request(self, content: list[dict], note: str | None, response_format: dict | None) -> dict:
         request = {"messages": [{"role": "user", "content": content + ([text_part(note)] if note else [])}]}
@@ -207,34 +178,12 @@ class _OpenAIBackend:
             request["response_format"] = response_format
         return request
 
-    async def _ask_until_usable(self, content, parse, what, response_format, answered: list[str]):
-        usage, note, tries, problem = Usage(), None, 1 + self.max_reasks, ""
-        for number in range(1, tries + 1):
-            request = self._request(content, note, response_format)
-            completion = await self.transport.complete(self.model, **request)
-            if self.transport.cache_dir:
-                answered.append(self.transport.cache_key(self.model, request))
-            more = _usage(completion)
-            usage = Usage(usage.input_tokens + more.input_tokens, usage.output_tokens + more.output_tokens,
-                          usage.thinking_tokens + more.thinking_tokens)
-            if not completion.choices:
-                raise APIError("bad_response", f"{self.model} answered without a choice")
-            choice = completion.choices[0]
-            if choice.finish_reason == "content_filter" or getattr(choice.message, "refusal", None):
-                raise APIError("refused", f"{self.model} refused the {what}: "
-                                          f"{(choice.message.refusal or choice.finish_reason)[:200]}")
-            text, thinking = split_thinking(choice.message)
-            try:
-                return parse(text), thinking, usage, number
-            except ValueError as exc:
-                problem = f"{type(exc).__name__}: {str(exc)[:200]}"
-            note = reask_note(problem, number, tries)
-        raise unusable(what, self.model, tries, problem)
-
 
 class OpenAIWriter(_OpenAIBackend, InstructionWriter):
     """Round 1 from the task (and the source image when image_aware); later rounds from the original image and
     every earlier instruction with its verdict (the Gemini writer's prompts)."""
+
+    prompts = WRITER_PROMPTS
 
     def __init__(self, *, image_aware: bool = True, **options):
         super().__init__(**options)
@@ -262,6 +211,8 @@ class OpenAIJudge(_OpenAIBackend, Judge):
     flight with it when the first 400 came are each asked again once too. Instruction compliance is
     enforced as in GeminiJudge: the model's own `qualified` is kept in details.
     """
+
+    prompts = ("judge",)
 
     def __init__(self, *, structured_output: str = "json_schema", **options):
         super().__init__(**options)

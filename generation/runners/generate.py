@@ -1,13 +1,15 @@
-"""From command-line style options to a finished run: pick backends, find tasks, run, and the offline demo."""
+"""From command-line style options to a finished run: pick backends (BackendSpec), find tasks, run."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import backends
+from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+from ..prompts import PROMPT_NAMES, prompt_versions
 from ..rundir import layout
 from ..rundir.provenance import DEFAULT_SOURCE_TYPE
 from .local import RunOptions, RunSummary, describe_backends, run
@@ -19,10 +21,8 @@ API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
 
 def default_backend() -> str:
-    """gemini when an API key is set and the backend is installed, else the offline simulator."""
-    if any(os.environ.get(v) for v in API_KEY_VARS) and "gemini" in backends.REGISTRY:
-        return "gemini"
-    return "simulator"
+    """gemini when an API key is set, else the offline simulator."""
+    return "gemini" if any(os.environ.get(v) for v in API_KEY_VARS) else "simulator"
 
 
 def make_backends(backend: str, writer: str | None = None, editor: str | None = None, judge: str | None = None,
@@ -33,79 +33,37 @@ def make_backends(backend: str, writer: str | None = None, editor: str | None = 
     return tuple(backends.create(role, names[role], **options.get(role, {})) for role in backends.ROLES)
 
 
-def gemini_options(out: Path, roles: dict[str, str], *, writer_model=None, editor_model=None, judge_model=None,
-                   rpm: float | None = None, tpm: float | None = None, timeout: float = 180.0,
-                   max_attempts: int = 6,
-                   retry_base_delay: float = 2.0, image_aware_writer: bool = True,
-                   base_url: str | None = None) -> dict[str, dict]:
-    """Constructor options for the roles that use gemini: one shared transport (one rate limit per model, one
-    request cache under the run directory, so a resumed run never pays twice for a finished call)."""
-    if "gemini" not in roles.values():
-        return {}
-    from ..backends.gemini_transport import GeminiTransport
-
-    transport = GeminiTransport(base_url=base_url, timeout=timeout, max_attempts=max_attempts, rpm=rpm, tpm=tpm,
-                                retry_base_delay=retry_base_delay, cache_dir=Path(out) / "medbanana-cache" / "gemini")
-    models = {"writer": writer_model, "editor": editor_model, "judge": judge_model}
-    options = {}
-    for role, name in roles.items():
-        if name == "gemini":
-            options[role] = {"transport": transport, **({"model": models[role]} if models[role] else {})}
-    if roles["writer"] == "gemini":
-        options["writer"]["image_aware"] = image_aware_writer
-    return options
-
-
-def open_options(out: Path, roles: dict[str, str], *, base_url: str | None = None, model: str | None = None,
-                 writer_model: str | None = None, judge_model: str | None = None, editor_model: str | None = None,
-                 structured_output: str = "json_schema", rpm: float | None = None, timeout: float = 180.0,
-                 max_attempts: int = 6, retry_base_delay: float = 2.0, image_aware_writer: bool = True,
-                 diffusers: dict | None = None) -> dict[str, dict]:
-    """Constructor options for the roles that use the open backends: `openai` (writer, judge; one shared
-    transport, key from OPENAI_API_KEY, one request cache under the run directory) and `diffusers` (editor;
-    `diffusers` holds DiffusersEditor's options)."""
-    options: dict[str, dict] = {}
-    openai_roles = [role for role in ("writer", "judge") if roles.get(role) == "openai"]
-    if openai_roles:
-        from ..backends.openai_compatible import OpenAITransport
-
-        transport = OpenAITransport(base_url=base_url, timeout=timeout, max_attempts=max_attempts, rpm=rpm,
-                                    retry_base_delay=retry_base_delay,
-                                    cache_dir=Path(out) / "medbanana-cache" / "openai")
-        models = {"writer": writer_model or model, "judge": judge_model or model}
-        for role in openai_roles:
-            if not models[role]:
-                raise ValueError(f"the openai {role} needs a model: --openai-model (or --{role}-model), as the "
-                                 f"server at {transport.base_url or 'api.openai.com'} names it")
-            options[role] = {"transport": transport, "model": models[role]}
-        if "writer" in options:
-            options["writer"]["image_aware"] = image_aware_writer
-        if "judge" in options:
-            options["judge"]["structured_output"] = structured_output
-    if roles.get("editor") == "diffusers":
-        options["editor"] = {"model": editor_model, **(diffusers or {})}
-    return options
-
-
 @dataclass(frozen=True)
 class BackendSpec:
     """How to make the three backends, in plain values (picklable: each worker process builds its own).
 
-    `gemini` and `open` are keywords of `gemini_options` and `open_options`; roles maps role -> backend name."""
+    roles maps role -> backend name; each backend's settings are its own frozen dataclass (backends/settings.py;
+    a dict of the same fields is taken too)."""
 
     backend: str
     roles: dict[str, str]
-    gemini: dict = field(default_factory=dict)
-    open: dict = field(default_factory=dict)
+    gemini: GeminiSettings = GeminiSettings()
+    openai: OpenAISettings = OpenAISettings()
+    diffusers: DiffusersSettings = DiffusersSettings()
+
+    def __post_init__(self):
+        for name, kind in (("gemini", GeminiSettings), ("openai", OpenAISettings), ("diffusers", DiffusersSettings)):
+            if isinstance(getattr(self, name), dict):
+                object.__setattr__(self, name, kind(**getattr(self, name)))
 
     def build(self, out: Path, share: int = 1):
         """(writer, editor, judge); with share > 1 this is one of `share` processes, each allowed 1/share of
         the client-side rate limits (--rpm, --tpm) so that together they keep to them."""
-        def part(options: dict) -> dict:
-            return {k: (v / share if k in ("rpm", "tpm") and v else v) for k, v in options.items()}
-        options = gemini_options(out, self.roles, **part(self.gemini))
-        options.update(open_options(out, self.roles, **part(self.open)))
+        options = {}
+        for settings in (self.gemini, self.openai, self.diffusers):
+            options.update(settings.share(share).options(out, self.roles))
         return make_backends(self.backend, **self.roles, options=options)
+
+
+def prompts_used(*made) -> dict[str, str]:
+    """The versions of the generation/prompts the backends fill in (each says which in `prompts`)."""
+    used = {name for backend in made for name in getattr(backend, "prompts", ())}
+    return prompt_versions([name for name in PROMPT_NAMES if name in used])
 
 
 def generate(sources: Path, out: Path, *, selection: Selection | None = None, modality: str | None = None,
@@ -142,10 +100,8 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
     else:
         writer, editor, judge = make_backends(backend, **(roles or {}), options=backend_options)
     described = describe_backends(writer, editor, judge)
-    if {"gemini", "openai"} & {d["backend"] for d in described.values()}:  # both use generation/prompts
-        from ..backends.gemini import prompt_versions
-
-        extra_config = {**(extra_config or {}), "prompts": prompt_versions()}
+    if prompts := prompts_used(writer, editor, judge):
+        extra_config = {**(extra_config or {}), "prompts": prompts}
     config = {"backends": described, "models": {role: d["model"] for role, d in described.items()},
               "digital_source_type": getattr(editor, "digital_source_type", DEFAULT_SOURCE_TYPE),
               "sources_root": str(Path(sources).resolve()),
@@ -218,30 +174,3 @@ def run_config(run_dir: Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
     return json.loads(path.read_text())
-
-
-def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: int = 2, seed: int = 0,
-             size: int = 1024, quiet: bool = False, build_dataset: bool = True) -> RunSummary:
-    """Synthesise sources for all three modalities (no download, no key), generate with the simulator, and build
-    the Hugging Face dataset folder OUT/dataset (sources attached: they are synthetic, so redistributable)."""
-    from ..backends.simulator.phantoms import write_demo_sources
-    from ..rundir.store import atomic_write_json
-
-    out = Path(out)
-    sources, run_dir = out / "sources", out / "run"
-    manifest = sources / layout.SOURCES_MANIFEST
-    if not manifest.exists():  # a rerun resumes on the same sources
-        provenance = write_demo_sources(sources, n_normal=n_normal, n_diseased=n_diseased, size=size, seed=seed)
-        atomic_write_json(manifest, provenance)
-    summary = generate(sources, run_dir, backend="simulator",
-                       options=RunOptions(concurrency=concurrency, seed=seed, quiet=quiet),
-                       extra_config={"demo": {"n_normal": n_normal, "n_diseased": n_diseased, "size": size}})
-    run_manifest = run_dir / layout.SOURCES_MANIFEST
-    if not run_manifest.exists():
-        run_manifest.write_bytes(manifest.read_bytes())
-    if build_dataset:
-        from ...builder.build import build
-
-        summary.dataset = build([run_dir], out / "dataset", source_images=sources, quiet=quiet)
-        summary.dataset_dir = out / "dataset"
-    return summary
