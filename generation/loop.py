@@ -1,11 +1,20 @@
-"""The per-task refinement loop: instruction -> edit the ORIGINAL -> judge -> refine from the full history."""
+"""The per-task refinement loop: instruction -> edit the ORIGINAL -> judge -> refine from the full history.
+
+It is written once, as a plain generator, `refinement`: it yields each step it needs answered (`WriteInstruction`,
+`EditImage`, `JudgeEdit`, then `RoundFinished` for the store), is sent each step's answer or has the step's
+exception thrown into it, and returns the TaskOutcome. It alone names the steps, builds the attempts, applies the
+acceptance policy and decides when to stop. Drivers only answer steps: `refine_task` awaits a backend method per
+step for one task (the local and the worker-process runners); runners/batch.py answers one step kind for every
+live task at once through batch jobs. So the two runners cannot disagree about what a round is.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import re
 import time
-from typing import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Awaitable, Callable, ClassVar, Generator, Union
 
 from .backends import APIError, EditRefused, Editor, InstructionWriter, Judge
 from .records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome, Verdict
@@ -41,41 +50,152 @@ def attempt_seed(run_seed: int, task: Task, round_no: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter, editor: Editor, judge: Judge, *,
-                      max_rounds: int = 5, accept: Acceptance = accept_qualified, seed: int = 0,
-                      history: list[Attempt] | None = None, on_round: OnRound | None = None) -> TaskOutcome:
-    """Run one task to success, to `max_rounds` rejected attempts, or to an API failure.
+# ---------------------------------------------------------------- the steps a refinement asks for
 
-    Every round edits the original source image. `history` resumes a task after its journalled rounds;
-    `on_round` is called for each finished attempt (the store writes its image and journal line there).
+@dataclass(frozen=True)
+class WriteInstruction:
+    """Answer with the writer's Instruction for the next round, written from the full `history`."""
+
+    role: ClassVar[str] = "writer"
+    task: Task
+    source: SourceImage
+    history: list[Attempt]
+
+    def ask(self, writer: InstructionWriter) -> Awaitable:
+        return writer.write(self.task, self.source, self.history)
+
+    def exchange(self, writer):
+        return writer.write_exchange(self.task, self.source, self.history)
+
+
+@dataclass(frozen=True)
+class EditImage:
+    """Answer with the editor's EditedImage of the ORIGINAL source (EditRefused: a round without an image)."""
+
+    role: ClassVar[str] = "editor"
+    task: Task
+    source: SourceImage
+    instruction: str
+    seed: int
+
+    def ask(self, editor: Editor) -> Awaitable:
+        return editor.edit(self.task, self.source, self.instruction, self.seed)
+
+    def exchange(self, editor):
+        return editor.edit_exchange(self.task, self.source, self.instruction, self.seed)
+
+
+@dataclass(frozen=True)
+class JudgeEdit:
+    """Answer with the judge's Verdict on the edit."""
+
+    role: ClassVar[str] = "judge"
+    task: Task
+    source: SourceImage
+    edited: EditedImage
+    instruction: str
+
+    def ask(self, judge: Judge) -> Awaitable:
+        return judge.judge(self.task, self.source, self.edited, self.instruction)
+
+    def exchange(self, judge):
+        return judge.judge_exchange(self.task, self.source, self.edited, self.instruction)
+
+
+@dataclass(frozen=True)
+class RoundFinished:
+    """A finished attempt (and its image, None after a refused edit), to be stored. The driver sets
+    `attempt.seconds` (its measure of the round's wall time), writes it, and answers None: only then does the
+    attempt count, so a round that was never stored is never part of the outcome."""
+
+    task: Task
+    attempt: Attempt
+    image: EditedImage | None
+
+
+BACKEND_STEPS = (WriteInstruction, EditImage, JudgeEdit)  # in the order of a round
+Step = Union[WriteInstruction, EditImage, JudgeEdit, RoundFinished]
+Refinement = Generator[Step, object, TaskOutcome]
+
+
+def refinement(task: Task, source: SourceImage, *, max_rounds: int = 5, accept: Acceptance = accept_qualified,
+               seed: int = 0, history: list[Attempt] | None = None) -> Refinement:
+    """One task, to success, to `max_rounds` rejected attempts, or to a failure, as the steps it needs answered.
+
+    Every round edits the original source image. `history` resumes a task after its journalled rounds. An
+    APIError thrown into a backend step ends the task api_failed at that step; EditRefused at the edit step is a
+    recorded round without an image; any other exception (a backend's bug, the store's failure) ends it
+    api_failed with kind `unexpected`, so one task's problem never takes the whole run down.
     """
     attempts = list(history or [])
+    try:
+        return (yield from _rounds(task, source, attempts, max_rounds, accept, seed))
+    except Exception as exc:
+        return TaskOutcome(task, "api_failed", attempts, ApiFailure("unexpected", len(attempts) + 1,
+                                                                     f"{type(exc).__name__}: {exc}", "unexpected"))
+
+
+def _rounds(task: Task, source: SourceImage, attempts: list[Attempt], max_rounds: int, accept: Acceptance,
+            seed: int) -> Refinement:
     if attempts and attempts[-1].accepted:
         return TaskOutcome(task, "success", attempts)
     for round_no in range(len(attempts) + 1, max_rounds + 1):
-        started = time.perf_counter()
         step = "generate_prompt" if round_no == 1 else "update_prompt"
         edited = None
         try:
-            instruction = await writer.write(task, source, attempts)
+            instruction = yield WriteInstruction(task, source, attempts)
             step = "edit_image"
             try:
-                edited = await editor.edit(task, source, instruction.text, attempt_seed(seed, task, round_no))
+                edited = yield EditImage(task, source, instruction.text, attempt_seed(seed, task, round_no))
             except EditRefused as refused:  # no image this round: recorded, and the writer sees why
                 attempt = Attempt(round_no, instruction, edit_error=str(refused))
             else:
                 step = "verify_image"
-                verdict = await judge.judge(task, source, edited, instruction.text)
+                verdict = yield JudgeEdit(task, source, edited, instruction.text)
                 attempt = Attempt(round_no, instruction, verdict, accepted=accept(verdict, task),
                                   edit_details=edited.details)
         except APIError as error:
             return TaskOutcome(task, "api_failed", attempts, ApiFailure(step, round_no, str(error), error.kind))
-        attempt.seconds = time.perf_counter() - started
-        if on_round is not None:
-            maybe = on_round(task, attempt, edited)
-            if maybe is not None:
-                await maybe
+        yield RoundFinished(task, attempt, edited)
         attempts.append(attempt)
         if attempt.accepted:
             return TaskOutcome(task, "success", attempts)
     return TaskOutcome(task, "failed", attempts)
+
+
+def advance(steps: Refinement, answer: object = None) -> Step | TaskOutcome:
+    """Send a step's answer into a refinement (thrown, when it is the exception the step ended with); the next
+    step, or the outcome once the refinement has returned."""
+    try:
+        return steps.throw(answer) if isinstance(answer, BaseException) else steps.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+# ---------------------------------------------------------------- the driver for one task
+
+async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter, editor: Editor, judge: Judge, *,
+                      max_rounds: int = 5, accept: Acceptance = accept_qualified, seed: int = 0,
+                      history: list[Attempt] | None = None, on_round: OnRound | None = None) -> TaskOutcome:
+    """`refinement` answered by awaiting the backends' methods, one step after the other.
+
+    `on_round` stores each finished attempt (the store writes its image and journal line there); an attempt's
+    `seconds` is its round's wall time."""
+    backends = {"writer": writer, "editor": editor, "judge": judge}
+    steps = refinement(task, source, max_rounds=max_rounds, accept=accept, seed=seed, history=history)
+    started = time.perf_counter()
+    step = advance(steps)
+    while not isinstance(step, TaskOutcome):
+        answer = None
+        try:
+            if isinstance(step, RoundFinished):
+                step.attempt.seconds = time.perf_counter() - started
+                if on_round is not None and (maybe := on_round(task, step.attempt, step.image)) is not None:
+                    await maybe
+                started = time.perf_counter()
+            else:
+                answer = await step.ask(backends[step.role])
+        except Exception as exc:  # the refinement decides what it means
+            answer = exc
+        step = advance(steps, answer)
+    return step

@@ -1,10 +1,11 @@
 """`medbanana generate --batch`: the refinement loop over the Gemini Batch API (half price, hours of latency).
 
-Round-synchronous: in each round, the writer calls of every pending task go out as one batch job, then their
-editor calls, then their judge calls; a re-ask (unparseable verdict, image-less answer) is one more job of just
-those calls. Backends keep their logic in exchanges (gemini.py), so a task's calls are the ones the concurrent
-runner would make, and its records go through the same RunStore: the run directory has the same format, and a
-batch run can be resumed concurrently or the other way round.
+Round-synchronous: every live task's refinement (loop.py, the same loop the local runner drives) is advanced in
+lockstep; in each round, the writer calls of every pending task go out as one batch job, then their editor calls,
+then their judge calls; a re-ask (unparseable verdict, image-less answer) is one more job of just those calls.
+Backends keep their logic in exchanges (gemini.py), so a task's calls are the ones the concurrent runner would
+make, and its records go through the same RunStore: the run directory has the same format, and a batch run can be
+resumed concurrently or the other way round.
 
 Results land in the request cache, and job names are persisted in RUN_DIR/medbanana-batches.json before they are
 polled. A restarted run rebuilds the same requests from the journal: answered ones come from the cache, ones in
@@ -22,15 +23,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from ..backends import APIError, BackendError, EditRefused
+from ..backends import APIError
 from ..backends.gemini import Answer, GeminiEditor, GeminiJudge, GeminiWriter, read_answer
-from ..loop import acceptance_policy, attempt_seed
-from ..records import ApiFailure, Attempt, SourceImage, Task, TaskOutcome
-from .local import RunOptions, RunSummary, close_clients, close_run, open_run, read_source, source_error
-from ..rundir.store import RunStore, atomic_write_json
 from ..backends.gemini_transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
+from ..files import atomic_write_json
+from ..loop import BACKEND_STEPS, Refinement, RoundFinished, Step, acceptance_policy, advance, refinement
+from ..records import SourceImage, Task, TaskOutcome
+from .local import read_source, source_error
+from .session import RunOptions, RunSession, RunSummary
 
 JOBS_FILE = "medbanana-batches.json"
 DONE_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED",
@@ -182,7 +182,7 @@ async def drive_exchanges(calls: BatchCalls, exchanges: dict, step: str) -> dict
     gemini.run_exchange)."""
     results, pending, answered = {}, {}, defaultdict(list)
 
-    def advance(key, send, value) -> None:
+    def resume(key, send, value) -> None:
         try:
             pending[key] = send(value)
         except StopIteration as done:
@@ -194,74 +194,74 @@ async def drive_exchanges(calls: BatchCalls, exchanges: dict, step: str) -> dict
             results[key] = exc
 
     for key, exchange in exchanges.items():
-        advance(key, exchange.send, None)
+        resume(key, exchange.send, None)
     while pending:
         batch, pending = list(pending.items()), {}
         answers = await calls.answer([request for _, request in batch], step)
         for (key, request), answer in zip(batch, answers):
             if isinstance(answer, APIError):
-                advance(key, exchanges[key].throw, answer)
+                resume(key, exchanges[key].throw, answer)
             else:
                 answered[key].append(request)
-                advance(key, exchanges[key].send, answer)
+                resume(key, exchanges[key].send, answer)
     return results
 
 
 @dataclass
 class _Live:
+    """A task in flight: its refinement, and the step that refinement waits on."""
     task: Task
-    source: SourceImage
-    attempts: list[Attempt]
-
-    @property
-    def round(self) -> int:
-        return len(self.attempts) + 1
+    steps: Refinement
+    step: Step
 
 
-def _failure(live: _Live, step: str, exc: Exception) -> TaskOutcome:
-    kind = exc.kind if isinstance(exc, BackendError) else "unexpected"
-    message = str(exc) if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
-    return TaskOutcome(live.task, "api_failed", live.attempts, ApiFailure(step, live.round, message, kind))
-
-
-async def _round(n: int, live: list[_Live], writer, editor, judge, calls: BatchCalls, options: RunOptions, accept,
-                 store: RunStore) -> tuple[list[_Live], list[TaskOutcome]]:
-    """The n-th pass: one more round for every live task (their round numbers may differ after a resume).
-    Returns the tasks still live and the outcomes of those that finished."""
-    started, finished = time.perf_counter(), []
-    written = await drive_exchanges(calls, {s.task.uid: writer.write_exchange(s.task, s.source, s.attempts)
-                                            for s in live}, f"r{n}-writer")
-    for s in live:
-        if isinstance(written[s.task.uid], Exception):
-            finished.append(_failure(s, "generate_prompt" if s.round == 1 else "update_prompt", written[s.task.uid]))
-    live = [s for s in live if not isinstance(written[s.task.uid], Exception)]
-    edited = await drive_exchanges(calls, {s.task.uid: editor.edit_exchange(
-        s.task, s.source, written[s.task.uid].text, attempt_seed(options.seed, s.task, s.round)) for s in live},
-        f"r{n}-editor")
-    images = {uid: e for uid, e in edited.items() if not isinstance(e, Exception)}
-    verdicts = await drive_exchanges(calls, {s.task.uid: judge.judge_exchange(
-        s.task, s.source, images[s.task.uid], written[s.task.uid].text) for s in live if s.task.uid in images},
-        f"r{n}-judge")
-    still = []
-    for s in live:
-        uid, instruction = s.task.uid, written[s.task.uid]
-        problem = verdicts.get(uid) if uid in images else edited[uid]
-        if isinstance(problem, Exception) and not isinstance(problem, EditRefused):
-            finished.append(_failure(s, "verify_image" if uid in images else "edit_image", problem))
+async def _start(session: RunSession, options: RunOptions, accept) -> list[_Live]:
+    """Each task's refinement, from its journalled rounds, up to its first step; tasks already done (a source
+    that cannot be read, a resumed task with nothing left to do) are finished here."""
+    sources: dict[Path, SourceImage | Exception] = {}
+    live = []
+    for task in session.todo:
+        if task.source_path not in sources:
+            try:
+                sources[task.source_path] = await asyncio.to_thread(read_source, task.source_path, options.max_pixels)
+            except (OSError, ValueError) as exc:
+                sources[task.source_path] = exc
+        source = sources[task.source_path]
+        if isinstance(source, Exception):
+            session.finish(source_error(task, source))
             continue
-        if uid in images:
-            attempt = Attempt(s.round, instruction, verdicts[uid], accepted=accept(verdicts[uid], s.task),
-                              edit_details=images[uid].details)
+        steps = refinement(task, source, max_rounds=options.max_rounds, accept=accept, seed=options.seed,
+                           history=session.store.history(task))
+        step = advance(steps)
+        if isinstance(step, TaskOutcome):
+            session.finish(step)
         else:
-            attempt = Attempt(s.round, instruction, edit_error=str(edited[uid]))
-        attempt.seconds = time.perf_counter() - started  # the whole round's wall time: calls share batch jobs
-        store.write_attempt(s.task, attempt, images.get(uid))
-        s.attempts.append(attempt)
-        if attempt.accepted or len(s.attempts) >= options.max_rounds:
-            finished.append(TaskOutcome(s.task, "success" if attempt.accepted else "failed", s.attempts))
-        else:
-            still.append(s)
-    return still, finished
+            live.append(_Live(task, steps, step))
+    return live
+
+
+async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls, on_round, on_finished) -> None:
+    """Drive the refinements of all live tasks in lockstep, a round per pass: every writer step of the pass as
+    one exchange run (one batch job per model), then every editor step, then every judge step, then the finished
+    rounds are stored with `on_round(task, attempt, image)` (their `seconds` is the whole pass's wall time: the
+    calls share batch jobs). `on_finished(outcomes)` gets the tasks that ended, after each pass."""
+    n = 0
+    while live:
+        n += 1
+        started = time.perf_counter()
+        for kind in BACKEND_STEPS:
+            asking = [s for s in live if isinstance(s.step, kind)]
+            answers = await drive_exchanges(calls, {s.task.uid: s.step.exchange(backends[kind.role])
+                                                    for s in asking}, f"r{n}-{kind.role}")
+            for s in asking:
+                s.step = advance(s.steps, answers[s.task.uid])
+        for s in live:
+            if isinstance(s.step, RoundFinished):
+                s.step.attempt.seconds = time.perf_counter() - started
+                on_round(s.task, s.step.attempt, s.step.image)
+                s.step = advance(s.steps)
+        on_finished([s.step for s in live if isinstance(s.step, TaskOutcome)])
+        live = [s for s in live if not isinstance(s.step, TaskOutcome)]
 
 
 async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter, editor: GeminiEditor,
@@ -274,49 +274,20 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
     if not (writer.transport is editor.transport is judge.transport):
         raise ValueError("--batch needs one transport shared by the writer, the editor and the judge")
     accept = acceptance_policy(options.accept)
-    started = time.perf_counter()
-    store, summary, todo = open_run(tasks, run_dir, options, config)
-    calls = BatchCalls(writer.transport, run_dir, poll_interval=poll_interval, inline_limit=inline_limit,
-                       label=f"medbanana-{store.config['run_id'][:8]}")
-    bar = tqdm(total=len(todo), desc="tasks", unit="task", disable=options.quiet, dynamic_ncols=True)
-    sources: dict[Path, SourceImage | Exception] = {}
-    live = []
-    try:
+    with RunSession(tasks, run_dir, options, config) as session:
         try:
-            for task in todo:
-                if task.source_path not in sources:
-                    try:
-                        sources[task.source_path] = await asyncio.to_thread(read_source, task.source_path,
-                                                                               options.max_pixels)
-                    except (OSError, ValueError) as exc:
-                        sources[task.source_path] = exc
-                source, attempts = sources[task.source_path], store.history(task)
-                if isinstance(source, Exception):
-                    store.finish_task(source_error(task, source))
-                elif attempts and attempts[-1].accepted or len(attempts) >= options.max_rounds:
-                    store.finish_task(TaskOutcome(task, "success" if attempts[-1].accepted else "failed", attempts))
-                else:
-                    live.append(_Live(task, source, attempts))
-                    continue
-                bar.update(1)
-            for n in range(1, options.max_rounds + 1):
-                if not live:
-                    break
-                try:
-                    live, finished = await _round(n, live, writer, editor, judge, calls, options, accept, store)
-                except APIError as exc:  # a job could not be submitted or polled: stop here, resumable
-                    raise RuntimeError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
-                                       f"command again resumes polling the submitted jobs") from None
-                for outcome in finished:
-                    store.finish_task(outcome)
-                bar.update(len(finished))
-                store.maybe_materialize(options.materialize_every)
+            calls = BatchCalls(writer.transport, run_dir, poll_interval=poll_interval, inline_limit=inline_limit,
+                               label=f"medbanana-{session.store.config['run_id'][:8]}")
+            live = await _start(session, options, accept)
+            try:
+                await refine_in_passes(live, {"writer": writer, "editor": editor, "judge": judge}, calls,
+                                       session.store.write_attempt, lambda ended: session.finish(*ended))
+            except APIError as exc:  # a job could not be submitted or polled: stop here, resumable
+                raise RuntimeError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
+                                   f"command again resumes polling the submitted jobs") from None
         finally:
-            bar.close()
-            await close_clients(writer, editor, judge)
-        return close_run(store, summary, started)
-    finally:
-        store.close()  # when interrupted: JSON files materialised from what finished; lock released
+            await session.close_clients(writer, editor, judge, count_calls=False)
+        return session.end()
 
 
 def run_batch(tasks, run_dir, writer, editor, judge, options=None, config=None, **batch_options) -> RunSummary:

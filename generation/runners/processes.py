@@ -7,6 +7,7 @@ share of the tasks in flight on its own event loop with its own backends, built 
 round (record and image bytes) and each finished task over a pipe, and the parent writes images, journal lines
 and JSON files exactly as a single-process run does, so resume, crash safety and the layout are unchanged. The
 parent alone holds the run directory's lock (workers are spawned, so they inherit no descriptor of it).
+Parent and workers talk in the small message classes below.
 
 A worker exits when its pipe from the parent closes (the parent was killed): nothing is left running. A worker
 that dies stops the run with an error; every round it finished is in the journal, so rerunning resumes.
@@ -19,16 +20,15 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from collections import deque
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from ..loop import acceptance_policy
-from ..records import Attempt, EditedImage, Task, TaskOutcome
-from .local import RunOptions, RunSummary, _SourceCache, call_counts, close_clients, close_run, open_run, run_one_task
+from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
+from .local import _SourceCache, run_one_task
+from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients
 
 
 class WorkerCrashed(RuntimeError):
@@ -44,6 +44,43 @@ def shares(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
+# ---------------------------------------------------------------- messages (pickled over the pipes)
+
+@dataclass(frozen=True)
+class RunTask:
+    """Parent -> worker: run this task on from its journalled rounds."""
+    task: Task
+    history: list[Attempt]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Parent -> worker: no more tasks; finish those in flight, report the calls, exit."""
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """Worker -> parent: a finished round of a task, with its image's bytes (None after a refused edit)."""
+    uid: str
+    attempt: Attempt
+    image: bytes | None
+
+
+@dataclass(frozen=True)
+class TaskDone:
+    """Worker -> parent: a task's outcome; its rounds are the RoundDone messages sent before."""
+    uid: str
+    status: str
+    failure: ApiFailure | None
+
+
+@dataclass(frozen=True)
+class CallCounts:
+    """Worker -> parent, last: the calls its backends made."""
+    network_calls: int
+    cache_hits: int
+
+
 # ---------------------------------------------------------------- the worker process
 
 def worker_main(spec, out: str, options: RunOptions, slots: int, share: int, tasks: Connection,
@@ -53,42 +90,40 @@ def worker_main(spec, out: str, options: RunOptions, slots: int, share: int, tas
     asyncio.run(_serve(spec, Path(out), options, slots, share, tasks, results))
 
 
+def _receive(tasks: Connection, inbox: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
+    """Hand the parent's messages to the event loop (in a thread: a blocking read must never stall the loop)."""
+    while True:
+        try:
+            message = tasks.recv()
+        except (EOFError, OSError):
+            os._exit(3)  # the parent is gone: stop calling the API at once
+        loop.call_soon_threadsafe(inbox.put_nowait, message)
+        if isinstance(message, Stop):
+            return
+
+
 async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, tasks: Connection,
                  results: Connection) -> None:
     backends = spec.build(out, share=share)
     accept = acceptance_policy(options.accept)
     sources = _SourceCache(options.max_pixels)
     inbox: asyncio.Queue = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def receive() -> None:  # a thread, so that a blocking read never stalls the event loop
-        while True:
-            try:
-                message = tasks.recv()
-            except (EOFError, OSError):
-                os._exit(3)  # the parent is gone: stop calling the API at once
-            loop.call_soon_threadsafe(inbox.put_nowait, message)
-            if message[0] == "stop":
-                return
-
-    threading.Thread(target=receive, name="medbanana-worker-inbox", daemon=True).start()
+    threading.Thread(target=_receive, args=(tasks, inbox, asyncio.get_running_loop()),
+                     name="medbanana-worker-inbox", daemon=True).start()
 
     def send_round(task: Task, attempt: Attempt, image: EditedImage | None) -> None:
-        results.send(("round", task.uid, attempt, image.data if image is not None else None))
+        results.send(RoundDone(task.uid, attempt, image.data if image is not None else None))
 
     async def slot() -> None:
-        while True:
-            message = await inbox.get()
-            if message[0] == "stop":
-                inbox.put_nowait(message)  # for the other slots
-                return
-            _, task, history = message
-            outcome = await run_one_task(task, sources, backends, options, accept, history, send_round)
-            results.send(("done", task.uid, outcome.status, outcome.failure))
+        while isinstance(message := await inbox.get(), RunTask):
+            outcome = await run_one_task(message.task, sources, backends, options, accept, message.history,
+                                         send_round)
+            results.send(TaskDone(message.task.uid, outcome.status, outcome.failure))
+        inbox.put_nowait(message)  # the Stop, for the other slots
 
     await asyncio.gather(*(slot() for _ in range(slots)))
     await close_clients(*backends)
-    results.send(("calls", *call_counts(*backends)))
+    results.send(CallCounts(*call_counts(*backends)))
 
 
 # ---------------------------------------------------------------- the parent
@@ -104,84 +139,104 @@ class _Worker:
         receive_tasks.close()  # only the worker holds these ends now: either side's death closes the pipes
         send_results.close()
         self.in_flight: set[str] = set()
-        self.calls = (0, 0)
+        self.calls = CallCounts(0, 0)
         self.stopped = False
 
     def stop(self) -> None:
-        self.tasks.send(("stop",))
+        self.tasks.send(Stop())
         self.stopped = True
+
+
+class _Pool:
+    """The parent's side: hands the session's tasks to the workers, a slot's worth at a time, and writes what
+    they send back into the run directory."""
+
+    def __init__(self, session: RunSession, spec, run_dir: Path, options: RunOptions):
+        self.session, self.store = session, session.store
+        self.spec, self.run_dir, self.options = spec, run_dir, options
+        self.pending = deque(session.todo)
+        self.running: dict[str, tuple[Task, list[Attempt]]] = {}  # uid -> task, its rounds as the parent wrote them
+        self.workers: list[_Worker] = []
+
+    def start(self) -> None:
+        """Spawn the workers (no fork: the parent may hold threads and open clients) and fill their slots
+        round-robin, so that every worker gets work; a worker left without any is stopped at once."""
+        if not self.pending:
+            return
+        count = max(1, min(self.options.workers, len(self.pending)))
+        context = multiprocessing.get_context("spawn")
+        for index, slots in enumerate(shares(max(self.options.concurrency, count), count)):
+            self.workers.append(_Worker(context, self.spec, self.run_dir, self.options, slots, count, index))
+        for slot in range(max(w.slots for w in self.workers)):
+            for worker in self.workers:
+                if slot < worker.slots and self.pending:
+                    self.dispatch(worker)
+        for worker in self.workers:
+            if not worker.in_flight:
+                worker.stop()
+
+    def dispatch(self, worker: _Worker) -> None:
+        task = self.pending.popleft()
+        history = self.store.history(task)
+        self.running[task.uid] = (task, list(history))
+        worker.in_flight.add(task.uid)
+        worker.tasks.send(RunTask(task, history))
+
+    def serve(self) -> None:
+        """Handle the workers' messages until every worker has closed its pipe."""
+        live = {w.results: w for w in self.workers}
+        while live:
+            for connection in wait(list(live)):
+                try:
+                    message = connection.recv()
+                except (EOFError, OSError):
+                    self.check_ended(live.pop(connection))
+                    continue
+                self.handle(live[connection], message)
+
+    def check_ended(self, worker: _Worker) -> None:
+        """A worker's pipe closed: fine once it was stopped with nothing in flight, a crash otherwise."""
+        if worker.in_flight or not worker.stopped:
+            worker.process.join(5)
+            raise WorkerCrashed(f"{worker.process.name} ended (exit code {worker.process.exitcode}) with "
+                                f"{len(worker.in_flight)} task(s) unfinished; their finished rounds are saved: "
+                                f"rerun the same command to resume") from None
+
+    def handle(self, worker: _Worker, message) -> None:
+        if isinstance(message, RoundDone):
+            task, attempts = self.running[message.uid]
+            image = EditedImage(data=message.image) if message.image is not None else None
+            self.store.write_attempt(task, message.attempt, image)
+            attempts.append(message.attempt)
+        elif isinstance(message, TaskDone):
+            task, attempts = self.running.pop(message.uid)
+            worker.in_flight.discard(message.uid)
+            self.session.finish(TaskOutcome(task, message.status, attempts, message.failure))
+            if self.pending:
+                self.dispatch(worker)
+            elif not worker.in_flight:
+                worker.stop()
+        elif isinstance(message, CallCounts):
+            worker.calls = message
+
+    def shutdown(self) -> None:
+        """End every worker: those still running after an error are terminated, all are joined."""
+        for worker in self.workers:
+            if worker.process.is_alive() and not worker.stopped:
+                worker.process.terminate()
+            worker.process.join(10)
 
 
 def run_in_workers(tasks: list[Task], run_dir: Path, spec, options: RunOptions,
                    config: dict | None = None) -> RunSummary:
-    """Like `runner.run`, with the calls made by `options.workers` processes (see the module docstring)."""
-    started = time.perf_counter()
-    store, summary, todo = open_run(tasks, run_dir, options, config)
-    pending = deque(todo)
-    count = max(1, min(options.workers, len(todo)))
-    context = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads and open clients
-    workers: list[_Worker] = []
-    running: dict[str, tuple[Task, list[Attempt]]] = {}  # uid -> task, its rounds as the parent wrote them
-    bar = tqdm(total=len(todo), desc="tasks", unit="task", disable=options.quiet, dynamic_ncols=True)
-
-    def dispatch(worker: _Worker) -> None:
-        task = pending.popleft()
-        history = store.history(task)
-        running[task.uid] = (task, list(history))
-        worker.in_flight.add(task.uid)
-        worker.tasks.send(("task", task, history))
-
-    try:
-        if todo:
-            for index, slots in enumerate(shares(max(options.concurrency, count), count)):
-                workers.append(_Worker(context, spec, Path(run_dir), options, slots, count, index))
-            for slot in range(max(w.slots for w in workers)):  # round-robin, so that every worker gets work
-                for worker in workers:
-                    if slot < worker.slots and pending:
-                        dispatch(worker)
-            for worker in workers:
-                if not worker.in_flight:
-                    worker.stop()
-        live = {w.results: w for w in workers}
-        while live:
-            for connection in wait(list(live)):
-                worker = live[connection]
-                try:
-                    message = connection.recv()
-                except (EOFError, OSError):
-                    del live[connection]
-                    if worker.in_flight or not worker.stopped:
-                        worker.process.join(5)
-                        raise WorkerCrashed(f"{worker.process.name} ended (exit code {worker.process.exitcode}) "
-                                            f"with {len(worker.in_flight)} task(s) unfinished; their finished "
-                                            f"rounds are saved: rerun the same command to resume") from None
-                    continue
-                kind = message[0]
-                if kind == "round":
-                    _, uid, attempt, data = message
-                    task, attempts = running[uid]
-                    store.write_attempt(task, attempt, EditedImage(data=data) if data is not None else None)
-                    attempts.append(attempt)
-                elif kind == "done":
-                    _, uid, status, failure = message
-                    task, attempts = running.pop(uid)
-                    worker.in_flight.discard(uid)
-                    store.finish_task(TaskOutcome(task, status, attempts, failure))
-                    bar.update(1)
-                    store.maybe_materialize(options.materialize_every)
-                    if pending:
-                        dispatch(worker)
-                    elif not worker.in_flight:
-                        worker.stop()
-                elif kind == "calls":
-                    worker.calls = message[1:]
-        summary.api_calls = sum(w.calls[0] for w in workers)
-        summary.cache_hits = sum(w.calls[1] for w in workers)
-        return close_run(store, summary, started)
-    finally:
-        bar.close()
-        for worker in workers:
-            if worker.process.is_alive() and not worker.stopped:
-                worker.process.terminate()
-            worker.process.join(10)
-        store.close()  # when interrupted: JSON files materialised from what finished; lock released last
+    """Like `local.run`, with the calls made by `options.workers` processes (see the module docstring)."""
+    with RunSession(tasks, run_dir, options, config) as session:
+        pool = _Pool(session, spec, Path(run_dir), options)
+        try:
+            pool.start()
+            pool.serve()
+        finally:
+            pool.shutdown()
+        session.summary.api_calls = sum(w.calls.network_calls for w in pool.workers)
+        session.summary.cache_hits = sum(w.calls.cache_hits for w in pool.workers)
+        return session.end()

@@ -1,0 +1,207 @@
+"""The skeleton every runner fills in: one invocation's hold on a run directory.
+
+`RunSession` opens the run directory (lock, replay, reconcile) and picks this invocation's tasks, shows the
+progress bar, journals each outcome and materialises the JSON files now and then, closes the backends' clients,
+and at the end counts what finished and writes the stats file; on any way out it releases the directory. The
+local, the worker-process and the Batch runner differ only in how they get outcomes for `session.todo`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..files import atomic_write_json
+from ..records import DEFAULT_MAX_PIXELS, Task, TaskOutcome
+from ..rundir import layout
+from ..rundir.store import ORPHANS, RunStore
+
+
+@dataclass
+class RunOptions:
+    max_rounds: int = 5
+    concurrency: int = 4
+    seed: int = 0
+    accept: str = "qualified"
+    retry_failed: bool = False  # also re-run tasks that ended api_failed (their kept rounds are resumed)
+    shard: tuple[int, int] | None = None  # (i, N): this process takes the i-th of N deterministic parts
+    workers: int = 1  # processes sharing the calls (processes.py); 1 runs everything in this process
+    max_pixels: int = DEFAULT_MAX_PIXELS  # larger sources are source errors, refused from their header
+    materialize_every: float = 30.0
+    quiet: bool = False
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    tasks: int = 0
+    skipped: int = 0  # finished in an earlier invocation
+    statuses: Counter = field(default_factory=Counter)  # over all finished tasks in the run directory
+    success_rounds: Counter = field(default_factory=Counter)
+    failed_attempts: int = 0
+    error_kinds: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    api_calls: int = 0  # network calls made now, retries included (answers from the request cache not counted)
+    cache_hits: int = 0
+    reconciled: Counter = field(default_factory=Counter)  # what opening the run fixed (store.RunStore.reconciled)
+    dataset_dir: Path | None = None  # set when a dataset was built from the run (the demo)
+    dataset: dict | None = None  # its medbanana-build.json
+
+    def as_dict(self) -> dict:
+        return {"tasks": sum(self.statuses.values()), "ran_now": self.tasks - self.skipped, "skipped": self.skipped,
+                "success": self.statuses["success"], "failed": self.statuses["failed"],
+                "api_failed": self.statuses["api_failed"], "failed_attempts": self.failed_attempts,
+                "success_rounds": {str(k): v for k, v in sorted(self.success_rounds.items())},
+                "error_kinds": dict(self.error_kinds), "api_calls": self.api_calls, "cache_hits": self.cache_hits,
+                "reconciled": {k: v for k, v in sorted(self.reconciled.items()) if v},
+                "seconds": round(self.seconds, 2)}
+
+    def format(self) -> str:
+        d = self.as_dict()
+        hist = "  ".join(f"round {k}: {v}" for k, v in d["success_rounds"].items()) or "none"
+        lines = [f"tasks {d['tasks']} (ran {d['ran_now']}, already done {d['skipped']}) in {d['seconds']} s",
+                 f"  accepted edits   {d['success']}", f"  failed tasks     {d['failed']}",
+                 f"  failed attempts  {d['failed_attempts']} (kept as images and records)",
+                 f"  errors           {d['api_failed']} {d['error_kinds'] or ''}".rstrip(),
+                 f"  success by round {hist}", f"run directory: {self.run_dir}"]
+        if self.api_calls or self.cache_hits:
+            lines.insert(-1, f"  API calls        {self.api_calls} (from the request cache: {self.cache_hits})")
+        if fixed := reconciled_text(d["reconciled"]):
+            lines.insert(-1, f"  on opening       {fixed}")
+        for dataset, direction, path in layout.find_output_dirs(self.run_dir):
+            lines.append(f"  {path.name}/ and {path.name}-failed/  ({direction}, {layout.ALL_CONVERSATIONS})")
+        if self.dataset_dir is not None:
+            rows = "  ".join(f"{config} {sum(s['rows'] for s in splits.values())}"
+                             for config, splits in self.dataset["configs"].items())
+            lines += [f"dataset: {self.dataset_dir}  (rows: {rows})",
+                      f"  load it: python -c 'from datasets import load_dataset; "
+                      f"print(load_dataset(\"{self.dataset_dir}\", \"dpo_pairs\"))'"]
+        return "\n".join(lines)
+
+
+def reconciled_text(counts: dict) -> str:
+    """What opening the run directory fixed, in words ('' when nothing)."""
+    words = {"orphan_images": "images of killed writes without a journal line removed",
+             "quarantined_images": f"unknown images moved to {ORPHANS}/",
+             "temp_files": "temp files of killed writes removed",
+             "continued_tasks": "api_failed tasks continued from rounds of a killed retry"}
+    return ", ".join(f"{counts[k]} {text}" for k, text in words.items() if counts.get(k))
+
+
+def in_shard(task: Task, shard: tuple[int, int] | None) -> bool:
+    if shard is None:
+        return True
+    index, count = shard
+    return int(hashlib.sha256(task.uid.encode()).hexdigest()[:8], 16) % count == index
+
+
+def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
+             config: dict | None) -> tuple[RunStore, RunSummary, list[Task]]:
+    """Open (lock, replay, reconcile) the run directory and pick this invocation's tasks: its shard, minus finished
+    ones, plus api_failed ones with retry_failed or with rounds journalled after their record (a killed retry).
+    Close with `close_run`."""
+    store = RunStore(run_dir, {"max_rounds": options.max_rounds, "accept": options.accept, "seed": options.seed,
+                               **(config or {})}).open()
+    summary = RunSummary(Path(run_dir), reconciled=Counter(store.reconciled))
+    mine = [t for t in tasks if in_shard(t, options.shard)]
+    summary.tasks = len(mine)
+    redo = {"api_failed"} if options.retry_failed else set()
+    todo = [t for t in mine if t.uid not in store.finished or t.uid in store.reopened
+            or store.finished[t.uid]["status"] in redo]
+    summary.skipped = len(mine) - len(todo)
+    return store, summary, todo
+
+
+def close_run(store: RunStore, summary: RunSummary, started: float) -> RunSummary:
+    """Materialise the JSON files, count every finished task, write the stats file, then close the store (the
+    directory stays locked until the stats are written). store.close() is also called on every way out, for when
+    a runner is interrupted: it does nothing after this."""
+    store.materialize()
+    summary.seconds = time.perf_counter() - started
+    for record in store.finished.values():
+        summary.statuses[record["status"]] += 1
+        summary.failed_attempts += sum(1 for r in record["rounds"] if not r.get("accepted"))
+        if record["status"] == "success":
+            summary.success_rounds[record["success_round"]] += 1
+        if record.get("error"):
+            summary.error_kinds[record["error"]["kind"]] += 1
+    atomic_write_json(Path(summary.run_dir) / layout.STATS, {**summary.as_dict(), "finished_at": time.time()})
+    store.close()
+    return summary
+
+
+def load_stats(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / layout.STATS).read_text())
+
+
+class RunSession:
+    """One invocation of a runner over a run directory:
+
+        with RunSession(tasks, run_dir, options, config) as session:
+            try:
+                ...  # get an outcome for each of session.todo; session.finish(outcome) each
+            finally:
+                await session.close_clients(writer, editor, judge)
+            return session.end()
+
+    Leaving the `with` any other way (an interruption, a crash) materialises what finished and unlocks."""
+
+    def __init__(self, tasks: list[Task], run_dir: Path, options: RunOptions, config: dict | None = None):
+        self.options = options
+        self.started = time.perf_counter()
+        self.store, self.summary, self.todo = open_run(tasks, run_dir, options, config)
+        self.bar = tqdm(total=len(self.todo), desc="tasks", unit="task", disable=options.quiet, dynamic_ncols=True)
+
+    def __enter__(self) -> "RunSession":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.bar.close()
+        self.store.close()  # when interrupted: the JSON files are materialised from what finished, the lock released
+
+    def finish(self, *outcomes: TaskOutcome) -> None:
+        """Journal finished tasks, count them on the bar, and materialise if it is time to."""
+        for outcome in outcomes:
+            self.store.finish_task(outcome)
+        self.bar.update(len(outcomes))
+        self.store.maybe_materialize(self.options.materialize_every)
+
+    async def close_clients(self, *backends, count_calls: bool = True) -> None:
+        """Close the backends' clients inside the run's event loop; with `count_calls`, record their call counts
+        in the summary (the Batch runner's stats have never counted its calls)."""
+        await close_clients(*backends)
+        if count_calls:
+            self.summary.api_calls, self.summary.cache_hits = call_counts(*backends)
+
+    def end(self) -> RunSummary:
+        """The normal end: materialise, count every finished task, write the stats file, unlock."""
+        self.bar.close()
+        return close_run(self.store, self.summary, self.started)
+
+
+def _clients(backends) -> list:
+    """Each distinct client behind the backends (a transport shared by several roles once)."""
+    seen = {}
+    for backend in backends:
+        client = getattr(backend, "transport", backend)
+        seen.setdefault(id(client), client)
+    return list(seen.values())
+
+
+def call_counts(*backends) -> tuple[int, int]:
+    """(network calls, request-cache hits) over the backends' distinct transports."""
+    clients = _clients(backends)
+    return (sum(getattr(c, "network_calls", 0) for c in clients), sum(getattr(c, "cache_hits", 0) for c in clients))
+
+
+async def close_clients(*backends) -> None:
+    """Close each distinct client connection pool (a shared transport once) inside the run's event loop."""
+    for client in _clients(backends):
+        if hasattr(client, "aclose"):
+            await client.aclose()
