@@ -1,124 +1,16 @@
-"""The `medbanana` command: demo, generate, merge, taxonomy; `prepare` (cli_prepare.py), eval / judge-agreement /
-stats (evaluation/commands.py) and the builder's build / upload / verify register their own subcommands."""
+"""The `medbanana` command: each stage registers its own subcommands — demo, prepare, generate, merge, taxonomy
+(generation/commands/), build, verify, upload (builder/commands.py), eval, judge-agreement, stats
+(evaluation/commands.py) — and `main` turns what they raise into one line and an exit code."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-from .generation.taxonomy import DIRECTIONS, load_taxonomy
 
 EPILOG = "Run `medbanana COMMAND --help` for each command's options. Docs: README.md and ARCHITECTURE.md."
 
 
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard wants i/N, e.g. 0/4, not {text!r}") from None
-    if not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= i < N")
-    return index, count
-
-
-def _add_run_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("refinement loop")
-    g.add_argument("--max-rounds", type=int, default=5, help="rounds per task before it counts as failed (default 5)")
-    g.add_argument("--concurrency", type=int, default=4, help="tasks in flight at once (default 4)")
-    g.add_argument("--seed", type=int, default=0, help="run seed; each attempt's seed derives from it (default 0)")
-    g.add_argument("--accept", default="qualified",
-                   help="acceptance policy: 'qualified' (the judge's verdict, default) or 'score>=0.7'")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-
-
-def cmd_demo(args) -> int:
-    from .generation.runners.demo import run_demo
-
-    summary = run_demo(args.out, n_normal=args.normal, n_diseased=args.diseased, concurrency=args.concurrency,
-                       seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build)
-    print(summary.format())
-    print(f"sources (synthetic phantoms and skimage's retina photograph): {Path(args.out) / 'sources'}")
-    return 0
-
-
-def cmd_generate(args) -> int:
-    import warnings
-
-    from PIL import Image
-
-    from .generation.backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
-    from .generation.runners.generate import BackendSpec, default_backend, generate, run_config
-    from .generation.runners.local import RunOptions
-    from .generation.sources.scan import Selection
-
-    # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that
-    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
-
-    sources, out = args.sources, args.out
-    if args.retry_failed:  # the run's recorded selection is used, and checked against any given (pipeline.py)
-        if out is not None and Path(out).resolve() != Path(args.retry_failed).resolve():
-            print(f"medbanana generate: --retry-failed writes into {args.retry_failed}; leave out --out {out}",
-                  file=sys.stderr)
-            return 2
-        out = args.retry_failed
-        if sources is None:
-            sources = Path(run_config(out)["sources_root"])
-    if sources is None or out is None:
-        print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
-        return 2
-    selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
-    backend = args.backend or default_backend()
-    roles = {role: getattr(args, role) or backend for role in ("writer", "editor", "judge")}
-    shared = dict(rpm=args.rpm, timeout=args.timeout, max_attempts=args.max_attempts,
-                  retry_base_delay=args.retry_base_delay, image_aware_writer=args.image_aware_writer)
-    spec = BackendSpec(backend, roles, gemini=GeminiSettings(
-        writer_model=args.writer_model, editor_model=args.editor_model, judge_model=args.judge_model, tpm=args.tpm,
-        **shared), openai=OpenAISettings(
-        base_url=args.openai_base_url, model=args.openai_model, writer_model=args.writer_model,
-        judge_model=args.judge_model, structured_output=args.structured_output, **shared), diffusers=DiffusersSettings(
-        model=args.editor_model, steps=args.diffusers_steps, guidance_scale=args.guidance_scale,
-        image_guidance_scale=args.image_guidance_scale, resolution=args.diffusers_resolution, dtype=args.dtype,
-        device=args.device, batch_size=args.diffusers_batch_size, attention=args.diffusers_attention,
-        attention_dir=args.save_attention))
-    if args.workers > 1 and (args.batch or roles["editor"] == "diffusers"):
-        print("medbanana generate: --workers is for API backends; with --batch one process submits everything, "
-              "and a diffusers editor would load its model once per worker", file=sys.stderr)
-        return 2
-    options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
-                         accept=args.accept, retry_failed=bool(args.retry_failed), shard=args.shard,
-                         workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels)
-    summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, spec=spec,
-                       options=options, limit=args.limit,
-                       batch={"poll_interval": args.poll_interval} if args.batch else None)
-    print(summary.format())
-    from .evaluation.failures import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
-
-    return generate_exit_code(summary)
-
-
-def cmd_merge(args) -> int:
-    from .generation.rundir.merge import merge_runs
-
-    counts = merge_runs(args.runs, args.out)
-    print(f"merged {counts['tasks']} finished tasks from {counts['inputs']} run directories into {args.out}")
-    return 0
-
-
-def cmd_taxonomy(args) -> int:
-    tax = load_taxonomy()
-    for mod in tax.modalities.values():
-        print(f"{mod.key} ({mod.display}): {len(mod.labels)} labels, {len(mod.targets)} edit targets")
-        for label in mod.labels:
-            role = "target" if label.edit_target else "label only"
-            print(f"  {label.folder:<28} {role:<10} {label.region_text}")
-    print(f"{len(tax.labels)} labels, {len(tax.targets)} edit targets, directions: {', '.join(DIRECTIONS)}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from .generation.records import DEFAULT_MAX_PIXELS  # the default of `prepare --max-pixels` too
-
     parser = argparse.ArgumentParser(
         prog="medbanana", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Build, package and train on instruction-based medical image editing data (Med-Banana-50K "
@@ -126,121 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "Hugging Face dataset.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="offline end-to-end demo: synthetic sources -> simulator run (no key, no download)",
-                       description="Synthesise chest X-ray, brain MRI and fundus sources (normal and diseased), run "
-                                   "the full refinement loop with the offline simulator, and write DIR/sources, "
-                                   "DIR/run (the Med-Banana layout) and DIR/dataset (the Hugging Face dataset "
-                                   "folder, all five configs). Rerunning on the same DIR resumes.")
-    p.add_argument("--out", type=Path, required=True, help="output folder (created)")
-    p.add_argument("--normal", type=int, default=2, help="normal sources per modality (add tasks; default 2)")
-    p.add_argument("--diseased", type=int, default=1, help="diseased sources per target (remove tasks; default 1)")
-    p.add_argument("--size", type=int, default=1024, help="source image size in pixels (default 1024)")
-    p.add_argument("--no-build", dest="build", action="store_false",
-                   help="stop after the run (default: also build the Hugging Face dataset folder DIR/dataset)")
-    _add_run_options(p)
-    p.set_defaults(func=cmd_demo, concurrency=2)
-
-    p = sub.add_parser("generate", help="run the refinement loop over your own sources",
-                       description="Run instruction -> edit -> judge -> refine (up to --max-rounds) for every task "
-                                   "under --sources and write the Med-Banana layout to --out. Sources use the original "
-                                   "scripts' layout: SOURCES/{D}/normal/*.jpeg (add) and SOURCES/{D}/{Disease}/*.jpeg "
-                                   "(remove), or one such {D} folder. Rerunning on the same --out skips finished tasks.")
-    p.add_argument("--sources", type=Path, help="folder of dataset folders, or one dataset folder")
-    p.add_argument("--out", type=Path, help="run directory (created; reused to resume)")
-    p.add_argument("--modality", choices=sorted(load_taxonomy().modalities),
-                   help="modality of the dataset folders when their names do not tell")
-    p.add_argument("--modalities", nargs="+", metavar="M", help="only these modalities")
-    p.add_argument("--diseases", nargs="+", metavar="D", help="only these diseases (folder or display names)")
-    p.add_argument("--directions", nargs="+", choices=DIRECTIONS, help="only these directions (default both)")
-    p.add_argument("--backend", help="backend for all roles: simulator (offline) or gemini (default: gemini when "
-                                     "GEMINI_API_KEY/GOOGLE_API_KEY is set, else simulator)")
-    p.add_argument("--writer", help="backend name for the instruction writer (overrides --backend)")
-    p.add_argument("--editor", help="backend name for the editor (overrides --backend)")
-    p.add_argument("--judge", help="backend name for the judge (overrides --backend)")
-    g = p.add_argument_group("gemini backend (key from GEMINI_API_KEY or GOOGLE_API_KEY; never stored)")
-    g.add_argument("--editor-model", help="editor model id (gemini: default gemini-2.5-flash-image; diffusers: a "
-                                          "local folder or Hugging Face id, required)")
-    g.add_argument("--writer-model", help="instruction writer model id (default gemini-2.5-pro)")
-    g.add_argument("--judge-model", help="judge model id (default gemini-2.5-pro)")
-    g.add_argument("--rpm", type=float, help="client-side limit of requests per minute per model (default: none)")
-    g.add_argument("--tpm", type=float, help="client-side limit of tokens per minute per model, from the usage "
-                                             "each answer reports (default: none)")
-    g.add_argument("--timeout", type=float, default=180.0, help="seconds per call before it is retried (default 180)")
-    g.add_argument("--max-attempts", type=int, default=6,
-                   help="tries per call on 408/429/5xx/transport errors, with back-off and jitter (default 6)")
-    g.add_argument("--retry-base-delay", type=float, default=2.0, metavar="SECONDS",
-                   help="first back-off, doubled per retry up to 60 s; a longer Retry-After wins (default 2)")
-    g.add_argument("--no-image-aware-writer", dest="image_aware_writer", action="store_false",
-                   help="round 1's instruction from text only (default: the writer also sees the source image)")
-    g.add_argument("--batch", action="store_true",
-                   help="use the Batch API (half price, slow): each round's writer, editor and judge calls of all "
-                        "pending tasks go out as one job each; rerunning resumes polling submitted jobs")
-    g.add_argument("--poll-interval", type=float, default=30.0, metavar="SECONDS",
-                   help="--batch: seconds between polls of a running job (default 30)")
-    g = p.add_argument_group(
-        "open backends (your own GPUs)",
-        "--writer openai / --judge openai: any OpenAI-compatible chat-completions server (vLLM, SGLang, Ollama); "
-        "key from OPENAI_API_KEY when the server needs one, never stored. --editor diffusers: --editor-model is a "
-        "local folder or a Hugging Face id of an InstructPix2Pix-style pipeline (HF_HUB_OFFLINE=1: cache only). "
-        "--rpm, --timeout, --max-attempts and --retry-base-delay apply to openai calls too.")
-    g.add_argument("--openai-base-url", metavar="URL",
-                   help="chat-completions server, e.g. http://localhost:8000/v1 (default: OPENAI_BASE_URL, else "
-                        "api.openai.com)")
-    g.add_argument("--openai-model", metavar="NAME", help="model name as the server knows it, for writer and judge "
-                                                          "(--writer-model / --judge-model override per role)")
-    g.add_argument("--structured-output", choices=("json_schema", "json_object", "none"), default="json_schema",
-                   help="how the openai judge asks for its JSON verdict; a server that rejects it is asked again "
-                        "in plain text, read by a tolerant parser (default json_schema)")
-    g.add_argument("--diffusers-steps", type=int, default=20, metavar="N", help="denoising steps (default 20)")
-    g.add_argument("--guidance-scale", type=float, default=7.5, help="text guidance (default 7.5)")
-    g.add_argument("--image-guidance-scale", type=float, default=1.5,
-                   help="image guidance: higher keeps closer to the source (default 1.5)")
-    g.add_argument("--diffusers-resolution", type=int, default=512, metavar="PIXELS",
-                   help="working size of the longer side; the edit is resized back to the source size (default 512)")
-    g.add_argument("--diffusers-batch-size", type=int, default=4, metavar="N",
-                   help="edits per pipeline call, gathered from the tasks in flight (default 4; keep --concurrency "
-                        "at least this)")
-    g.add_argument("--dtype", choices=("auto", "float16", "bfloat16", "float32"), default="auto",
-                   help="diffusers weights dtype (default auto: float16 on GPU, float32 on CPU)")
-    g.add_argument("--device", default="auto", help="torch device for diffusers, e.g. cuda:1 (default auto)")
-    g.add_argument("--diffusers-attention", action="store_true",
-                   help="record the cross-attention of the disease words and its IoU with the region of interest "
-                        "in each edit's details (slower: attention is computed unfused)")
-    g.add_argument("--save-attention", type=Path, metavar="DIR",
-                   help="also write each edit's attention heat map as a PNG overlay under DIR (implies "
-                        "--diffusers-attention)")
-    p.add_argument("--retry-failed", type=Path, metavar="RUN_DIR",
-                   help="re-run the tasks of RUN_DIR that ended with an API error, with the selection (diseases, "
-                        "modalities, directions, shard, limit) and sources its medbanana-run.json records; "
-                        "other selection options are refused")
-    p.add_argument("--shard", type=_shard, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes making the calls, sharing --concurrency, --rpm and --tpm (default 1). Worth it "
-                        "when the client's CPU is the limit: many calls in flight to a fast endpoint; each worker "
-                        "costs ~1 s to start. The run directory is written by this process alone")
-    p.add_argument("--limit", type=int, help="only the first N tasks (for a quick try)")
-    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
-                   help="a source with more pixels than this (width x height, read from its header before "
-                        "decoding) ends its tasks as source errors (default %(default)s, as `prepare --max-pixels`; "
-                        "Pillow itself refuses more than twice its default)")
-    _add_run_options(p)
-    p.set_defaults(func=cmd_generate)
-
-    p = sub.add_parser("merge", help="combine shard run directories into one",
-                       description="Merge the finished tasks of several run directories made with the same options "
-                                   "(e.g. `generate --shard i/N` on N machines) into --out. A task finished in two "
-                                   "inputs, or inputs made with other options, is an error.")
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--out", type=Path, required=True, help="merged run directory (new, or one made with the same options)")
-    p.set_defaults(func=cmd_merge)
-
-    p = sub.add_parser("taxonomy", help="list modalities, labels, edit targets and their regions")
-    p.set_defaults(func=cmd_taxonomy)
-
-    from . import cli_prepare
     from .evaluation import commands as evaluation_commands
+    from .generation import commands as generation_commands
 
-    cli_prepare.register(sub)
+    generation_commands.register(sub)
     evaluation_commands.register(sub)
     try:
         from .builder import commands as builder_commands

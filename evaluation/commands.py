@@ -170,7 +170,7 @@ def summary_line(summary: dict) -> str:
 
 
 def _report_attention(run_dir: Path, out: Path) -> None:
-    from ..generation.backends.attention import run_samples, summarise
+    from .attention import run_samples, summarise
 
     per_disease = summarise(run_samples(run_dir))
     if not per_disease:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from medbanana import cli_prepare
+from medbanana.generation.commands import prepare as cli_prepare
 
 
 def scan(seed: int, size=(120, 90), mode: str = "L") -> Image.Image:

@@ -163,7 +163,7 @@ def test_recorded_maps_have_the_image_aspect_and_values_in_0_1(tiny_pipeline, so
 def test_the_editor_reports_iou_and_writes_overlays(tiny_pipeline, sources, tmp_path):
     from PIL import Image
 
-    from medbanana.generation.backends.attention import summarise
+    from medbanana.evaluation.attention import summarise
 
     editor = editor_with(tiny_pipeline, attention_dir=tmp_path / "attention")
     source = sources[2]

@@ -181,7 +181,7 @@ def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake,
     from medbanana.cli import main
     from medbanana.dpo.tiny import tiny_instruct_pix2pix
     from medbanana.generation.rundir import layout
-    from medbanana.generation.backends.attention import run_samples, summarise
+    from medbanana.evaluation.attention import run_samples, summarise
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a local server needs no key
     fake.reset()

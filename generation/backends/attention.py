@@ -6,13 +6,13 @@ up, for each image of the batch, the attention its latent positions pay to the d
 over every layer, head and denoising step (text-conditioned branch only). `heat_map` averages and normalises that
 sum to [0, 1] at the image's size; `attention_mask` thresholds it at 1.3 x Otsu; `iou` compares it with the task's
 region of interest: a mask given by the caller, or `region_mask`, the taxonomy's anatomical region located on the
-source image by the simulator's anatomy estimate. `summarise` (over `run_samples` of a run) gives the mislocalisation rate per disease.
+source image by the simulator's anatomy estimate. evaluation/attention.py reads the IoUs back from a run and gives
+the mislocalisation rate per disease.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 OTSU_FACTOR = 1.3
-MISLOCALISED_BELOW = 0.1  # IoU under which an edit counts as mislocalised (our choice; configurable)
 
 
 def disease_words(disease: str, modality: str | None = None) -> list[str]:
@@ -177,30 +176,3 @@ def save_overlay(path: Path, source_rgb: np.ndarray, heat: np.ndarray, roi: np.n
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(np.clip(out, 0, 255).astype(np.uint8)).save(path)
     return path
-
-
-def summarise(samples: Iterable[tuple[str, float]], below: float = MISLOCALISED_BELOW) -> dict[str, dict]:
-    """(disease, IoU) pairs -> per disease: n, mean IoU and the share of samples with IoU < `below`."""
-    by_disease: dict[str, list[float]] = defaultdict(list)
-    for disease, value in samples:
-        by_disease[disease].append(float(value))
-    return {d: {"n": len(v), "mean_iou": round(float(np.mean(v)), 4),
-                "mislocalisation_rate": round(sum(x < below for x in v) / len(v), 4)}
-            for d, v in sorted(by_disease.items())}
-
-
-def run_samples(run_dir: Path) -> list[tuple[str, float]]:
-    """(disease, IoU) of every edit of a run that recorded attention (`generate --diffusers-attention`)."""
-    import json
-
-    from ..rundir import layout
-
-    samples = []
-    for _, _, folder in layout.find_output_dirs(Path(run_dir)):
-        path = folder / layout.ALL_CONVERSATIONS
-        for conversation in (json.loads(path.read_text()) if path.exists() else {}).values():
-            for round_ in conversation.get("rounds") or []:
-                grounding = ((round_.get("edit_result") or {}).get("details") or {}).get("attention") or {}
-                if grounding.get("iou") is not None:
-                    samples.append((conversation.get("disease", ""), float(grounding["iou"])))
-    return samples

@@ -12,7 +12,7 @@ image is written (temp file + rename) before its manifest line. Nothing is writt
 the manifest lists and is on disk, and refuses an OUT made with other image settings.
 
 `prepare(kind, root, out, adapter_opts, opts)` is the whole stage; the `medbanana prepare` command (options, help,
-summary lines, exit codes) is cli_prepare.py.
+summary lines, exit codes) is generation/commands/prepare.py.
 """
 
 from __future__ import annotations

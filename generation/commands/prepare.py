@@ -1,4 +1,4 @@
-"""The `medbanana prepare` command: its options and help, and the summary it prints (cli.py calls `register`).
+"""The `medbanana prepare` command: its options and help, and the summary it prints (registered by generation/commands).
 
 The work is the prepare stage, generation/sources/prepare.py; this module only turns arguments into its options and
 its report into lines. Exit codes: 0 when the datasets hold prepared images, 1 when they hold none, 2 on a fatal input
@@ -12,11 +12,11 @@ import os
 import sys
 from pathlib import Path
 
-from .generation.records import DEFAULT_MAX_PIXELS
-from .generation.sources.adapters import ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, PrepareError
-from .generation.sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare
-from .generation.sources.preprocess import ASPECTS, ImageOptions
-from .generation.taxonomy import load_taxonomy
+from ..records import DEFAULT_MAX_PIXELS
+from ..sources.adapters import ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, PrepareError
+from ..sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare
+from ..sources.preprocess import ASPECTS, ImageOptions
+from ..taxonomy import load_taxonomy
 
 HELP = """\
 Turn a downloaded dataset into the generator's source layout, OUT/{D}/normal/*.jpeg and OUT/{D}/{Disease}/*.jpeg:
