@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..generation.backends.attention import MISLOCALISED_BELOW
 from ..generation.rundir import layout
-
-MISLOCALISED_BELOW = 0.1  # IoU under which an edit counts as mislocalised (our choice; configurable)
 
 
 def summarise(samples: Iterable[tuple[str, float]], below: float = MISLOCALISED_BELOW) -> dict[str, dict]:

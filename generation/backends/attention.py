@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+MISLOCALISED_BELOW = 0.1  # IoU under which an edit counts as mislocalised (our choice; configurable)
 OTSU_FACTOR = 1.3
 
 
