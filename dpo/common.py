@@ -1,5 +1,6 @@
 """What the recipes share: their own arguments, loading and converting a config, loading a model by path or Hub id
-(`tiny-random` included), a length preflight."""
+(`tiny-random` included), a length preflight, and the parser and `main` of the TRL recipes (judge_sft.py,
+refiner_dpo.py), which differ only in their trainer."""
 
 from __future__ import annotations
 
@@ -172,3 +173,25 @@ def setup_errors():
         yield
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+def trl_parser(script_arguments: type, trainer_config: str, doc: str):
+    """A TRL recipe's TrlParser: its own arguments, TRL's `trainer_config` (a config class named in trl, such as
+    "SFTConfig") and ModelConfig, with the recipe's docstring above --help's option list."""
+    require_training_stack("torch", "transformers", "trl")
+    import trl
+
+    return without_spurious_warnings(trl.TrlParser((script_arguments, getattr(trl, trainer_config), trl.ModelConfig),
+                                                   **help_text(doc)))
+
+
+def train_and_save(build_trainer: Callable, what: str, script_args, training_args, model_args):
+    """A TRL recipe's `main`: the trainer from `build_trainer` (a setup error ends the command with its message),
+    trained (resumed from --resume_from_checkpoint when given), saved to --output_dir, where it went said as the
+    trained `what`. Returns the trainer."""
+    with setup_errors():
+        trainer = build_trainer(script_args, training_args, model_args)
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    report_saved(trainer, what)
+    return trainer

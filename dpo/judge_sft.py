@@ -31,9 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, help_text, load_examples, load_vlm,
-                                  model_location, report_saved, require_training_stack, setup_errors,
-                                  without_spurious_warnings)
+from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, load_examples, load_vlm, model_location,
+                                  train_and_save, trl_parser)
 from medbanana.loaders.trl import to_judge_sft
 
 TEXT_COLUMNS = ("prompt", "completion")
@@ -71,19 +70,11 @@ def build_trainer(script_args: JudgeScriptArguments, training_args, model_args):
 
 
 def main(script_args, training_args, model_args):
-    with setup_errors():
-        trainer = build_trainer(script_args, training_args, model_args)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    report_saved(trainer, "judge")
-    return trainer
+    return train_and_save(build_trainer, "judge", script_args, training_args, model_args)
 
 
 def make_parser():
-    require_training_stack("torch", "transformers", "trl")
-    from trl import ModelConfig, SFTConfig, TrlParser
-
-    return without_spurious_warnings(TrlParser((JudgeScriptArguments, SFTConfig, ModelConfig), **help_text(__doc__)))
+    return trl_parser(JudgeScriptArguments, "SFTConfig", __doc__)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, help_text, load_examples, load_vlm,
-                                  model_location, report_saved, require_training_stack, setup_errors,
-                                  without_spurious_warnings)
+from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, load_examples, load_vlm, model_location,
+                                  train_and_save, trl_parser)
 from medbanana.loaders.trl import to_refiner_dpo
 
 TEXT_COLUMNS = ("prompt", "chosen", "rejected")
@@ -66,19 +65,11 @@ def build_trainer(script_args: RefinerScriptArguments, training_args, model_args
 
 
 def main(script_args, training_args, model_args):
-    with setup_errors():
-        trainer = build_trainer(script_args, training_args, model_args)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    report_saved(trainer, "instruction writer / refiner")
-    return trainer
+    return train_and_save(build_trainer, "instruction writer / refiner", script_args, training_args, model_args)
 
 
 def make_parser():
-    require_training_stack("torch", "transformers", "trl")
-    from trl import DPOConfig, ModelConfig, TrlParser
-
-    return without_spurious_warnings(TrlParser((RefinerScriptArguments, DPOConfig, ModelConfig), **help_text(__doc__)))
+    return trl_parser(RefinerScriptArguments, "DPOConfig", __doc__)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Awaitable, Callable, ClassVar, Generator, Union
 
 from .backends import APIError, EditRefused, Editor, InstructionWriter, Judge
@@ -53,53 +53,51 @@ def attempt_seed(run_seed: int, task: Task, round_no: int) -> int:
 # ---------------------------------------------------------------- the steps a refinement asks for
 
 @dataclass(frozen=True)
-class WriteInstruction:
-    """Answer with the writer's Instruction for the next round, written from the full `history`."""
+class BackendStep:
+    """A step one backend answers, about `task` and its original `source`: the method `method` of the `role`'s
+    backend, called with the step's fields in order. `ask` gives that call's awaitable, `exchange` the same call as
+    `<method>_exchange` (the requests the Batch runner answers). A step names both in its class line."""
 
-    role: ClassVar[str] = "writer"
+    role: ClassVar[str]
+    method: ClassVar[str]
     task: Task
     source: SourceImage
-    history: list[Attempt]
 
-    def ask(self, writer: InstructionWriter) -> Awaitable:
-        return writer.write(self.task, self.source, self.history)
+    def __init_subclass__(cls, *, role: str, method: str, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.role, cls.method = role, method
 
-    def exchange(self, writer):
-        return writer.write_exchange(self.task, self.source, self.history)
+    def ask(self, backend) -> Awaitable:
+        return getattr(backend, self.method)(*self._arguments())
+
+    def exchange(self, backend):
+        return getattr(backend, self.method + "_exchange")(*self._arguments())
+
+    def _arguments(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
 
 
 @dataclass(frozen=True)
-class EditImage:
+class WriteInstruction(BackendStep, role="writer", method="write"):
+    """Answer with the writer's Instruction for the next round, written from the full `history`."""
+
+    history: list[Attempt]
+
+
+@dataclass(frozen=True)
+class EditImage(BackendStep, role="editor", method="edit"):
     """Answer with the editor's EditedImage of the ORIGINAL source (EditRefused: a round without an image)."""
 
-    role: ClassVar[str] = "editor"
-    task: Task
-    source: SourceImage
     instruction: str
     seed: int
 
-    def ask(self, editor: Editor) -> Awaitable:
-        return editor.edit(self.task, self.source, self.instruction, self.seed)
-
-    def exchange(self, editor):
-        return editor.edit_exchange(self.task, self.source, self.instruction, self.seed)
-
 
 @dataclass(frozen=True)
-class JudgeEdit:
+class JudgeEdit(BackendStep, role="judge", method="judge"):
     """Answer with the judge's Verdict on the edit."""
 
-    role: ClassVar[str] = "judge"
-    task: Task
-    source: SourceImage
     edited: EditedImage
     instruction: str
-
-    def ask(self, judge: Judge) -> Awaitable:
-        return judge.judge(self.task, self.source, self.edited, self.instruction)
-
-    def exchange(self, judge):
-        return judge.judge_exchange(self.task, self.source, self.edited, self.instruction)
 
 
 @dataclass(frozen=True)

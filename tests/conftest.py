@@ -30,6 +30,26 @@ def tiny_sources(tmp_path) -> Path:
     return root
 
 
+# --- fake server fixtures (the helpers behind them: tests/fake_runs.py) -------------------------------------
+
+@pytest.fixture(scope="module")
+def echo_gemini():
+    """A fake Gemini server with the echo engine (deterministic verdicts, no image work), one per test module:
+    each test resets it with its own faults."""
+    from medbanana.generation.testing.fake_gemini import FakeGemini
+
+    with FakeGemini(engine="echo") as server:
+        yield server
+
+
+@pytest.fixture
+def sleeps():
+    """Back-off sleeps recorded instead of slept: give it as a backend's `sleep`; it lists the seconds asked for."""
+    from fake_runs import RecordedSleeps
+
+    return RecordedSleeps()
+
+
 # --- builder fixtures: synthetic runs in the original layout and what their JSON says -----------------------
 
 BUILDER_OUR_DATASETS = ("mimic_ours_cxr", "brain_ours_mri", "odir_ours_fundus")

@@ -20,6 +20,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from fake_runs import chest_source
 from medbanana.generation import backends
 from medbanana.generation.backends import APIError, EditRefused
 from medbanana.generation.testing.echo import EchoJudge
@@ -40,29 +41,15 @@ def fake():
 
 
 @pytest.fixture
-def sleeps():
-    return []
-
-
-@pytest.fixture
 def options(fake, sleeps):
-    async def record_sleep(seconds):
-        sleeps.append(seconds)
-
     fake.reset()
     return {"api_key": KEY, "base_url": fake.base_url, "timeout": 5.0, "max_attempts": MAX_ATTEMPTS,
-            "retry_base_delay": 0.01, "retry_max_delay": 0.05, "sleep": record_sleep}
+            "retry_base_delay": 0.01, "retry_max_delay": 0.05, "sleep": sleeps}
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> SourceImage:
-    rng = np.random.default_rng(0)
-    yy, xx = np.mgrid[0:256, 0:256]
-    lungs = ((np.abs(xx - 128) > 25) & (np.abs(xx - 128) < 105) & (yy > 30) & (yy < 220)).astype(float)
-    gray = 200 - 120 * lungs + rng.normal(0, 6, (256, 256))
-    path = tmp_path_factory.mktemp("src") / "patient01.jpeg"
-    path.write_bytes(encode_jpeg(np.repeat(np.clip(gray, 0, 255)[..., None], 3, axis=2)))
-    return SourceImage(path)
+    return chest_source(tmp_path_factory.mktemp("src"), size=256)
 
 
 def make_task(source: SourceImage, direction: str = "add", disease: str = "Pleural_Effusion") -> Task:

@@ -22,11 +22,10 @@ import pytest
 from google import genai
 from google.genai import _common, models, types
 
-from conftest import write_jpeg
+from fake_runs import mimic_sources, use_fake_gemini
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation.runners.batch import JOBS_FILE
-from medbanana.generation.testing.fake_gemini import FakeGemini
 from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter
 from medbanana.generation.backends.settings import GeminiSettings
 from medbanana.generation.runners.generate import generate
@@ -41,24 +40,13 @@ ROLES = {"writer": "gemini", "editor": "gemini", "judge": "gemini"}
 
 
 @pytest.fixture(scope="module")
-def fake():
-    with FakeGemini(engine="echo") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("batch") / "sources"
-    for i in range(2):
-        write_jpeg(root / "MIMIC_batch" / "normal" / f"n{i}.jpeg", i, size=96)
-        write_jpeg(root / "MIMIC_batch" / "Pneumothorax" / f"p{i}.jpeg", 10 + i, size=96)
-    return root
+    return mimic_sources(tmp_path_factory.mktemp("batch") / "sources", "MIMIC_batch", size=96)
 
 
 @pytest.fixture
-def env(fake, monkeypatch):
-    monkeypatch.setenv("GEMINI_API_KEY", KEY)
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.base_url)
+def env(echo_gemini, monkeypatch):
+    use_fake_gemini(monkeypatch, echo_gemini, KEY)
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
@@ -92,16 +80,16 @@ def _job_shapes(fake) -> list[tuple[str, int]]:
     return [(fake.role_of(job.items[0][1]), len(job.items)) for job in fake.batches.created()]
 
 
-def test_a_batch_run_makes_the_concurrent_runs_calls_in_one_job_per_step(fake, sources, tmp_path, env):
-    _run(fake, sources, tmp_path / "concurrent")
-    concurrent_calls = Counter(c.role for c in fake.calls)
-    summary = _run(fake, sources, tmp_path / "batch", batch={})
+def test_a_batch_run_makes_the_concurrent_runs_calls_in_one_job_per_step(echo_gemini, sources, tmp_path, env):
+    _run(echo_gemini, sources, tmp_path / "concurrent")
+    concurrent_calls = Counter(c.role for c in echo_gemini.calls)
+    summary = _run(echo_gemini, sources, tmp_path / "batch", batch={})
     assert summary.statuses["success"] + summary.statuses["failed"] == len(scan_sources(sources))
     assert _essentials(tmp_path / "batch") == _essentials(tmp_path / "concurrent")
-    assert Counter(c.role for c in fake.calls) == concurrent_calls
-    assert all(c.path.startswith("batches/") for c in fake.calls)  # no call outside a batch job
+    assert Counter(c.role for c in echo_gemini.calls) == concurrent_calls
+    assert all(c.path.startswith("batches/") for c in echo_gemini.calls)  # no call outside a batch job
     # round by round, each step's calls of every pending task in one job: writer, editor, judge
-    shapes = _job_shapes(fake)
+    shapes = _job_shapes(echo_gemini)
     assert [role for role, _ in shapes] == ["writer", "editor", "judge"] * (len(shapes) // 3)
     pending = [n for role, n in shapes if role == "writer"]
     assert pending[0] == len(scan_sources(sources)) and pending == sorted(pending, reverse=True)
@@ -110,12 +98,12 @@ def test_a_batch_run_makes_the_concurrent_runs_calls_in_one_job_per_step(fake, s
     assert len(jobs) == len(shapes) and {j["state"] for j in jobs.values()} == {"JOB_STATE_SUCCEEDED"}
 
 
-def test_over_the_inline_limit_requests_go_as_an_uploaded_jsonl_file(fake, sources, tmp_path, env):
-    _run(fake, sources, tmp_path / "inline", batch={})
-    _run(fake, sources, tmp_path / "file", batch={"inline_limit": 1000})
-    jobs = fake.batches.created()
+def test_over_the_inline_limit_requests_go_as_an_uploaded_jsonl_file(echo_gemini, sources, tmp_path, env):
+    _run(echo_gemini, sources, tmp_path / "inline", batch={})
+    _run(echo_gemini, sources, tmp_path / "file", batch={"inline_limit": 1000})
+    jobs = echo_gemini.batches.created()
     assert jobs and all(job.from_file for job in jobs)
-    assert len(fake.batches.files) == 2 * len(jobs)  # each job: the uploaded requests and its results
+    assert len(echo_gemini.batches.files) == 2 * len(jobs)  # each job: the uploaded requests and its results
     assert _essentials(tmp_path / "file") == _essentials(tmp_path / "inline")
     images = sorted(p.relative_to(tmp_path / "inline") for p in (tmp_path / "inline").rglob("*.jpeg"))
     assert images and all(np.array_equal(decode_rgb((tmp_path / "inline" / i).read_bytes()),
@@ -159,14 +147,15 @@ def _camel(value, names_are_data: bool = False):
     (["image_safety"], "image_safety"),
     (["invalid_argument:role=editor"], "invalid_argument"),  # the fake echoes the key in this error
 ], ids=["transient", "503-judge", "truncated-json", "safety-writer", "image-safety", "invalid-argument"])
-def test_faults_inside_batches_are_retried_or_recorded_with_their_kind(fake, sources, tmp_path, env, faults, check):
-    reference = _run(fake, sources, tmp_path / "clean", batch={}, max_rounds=2)
-    _run(fake, sources, tmp_path / "faulty", faults, batch={}, max_rounds=2)
+def test_faults_inside_batches_are_retried_or_recorded_with_their_kind(echo_gemini, sources, tmp_path, env, faults,
+                                                                       check):
+    reference = _run(echo_gemini, sources, tmp_path / "clean", batch={}, max_rounds=2)
+    _run(echo_gemini, sources, tmp_path / "faulty", faults, batch={}, max_rounds=2)
     records = _conversations(tmp_path / "faulty")
     assert len(records) == reference.statuses.total() == len(scan_sources(sources))  # nothing lost
     if check == "recovered":  # retried in later jobs, re-asked, resubmitted: the clean run's results
         assert _essentials(tmp_path / "faulty") == _essentials(tmp_path / "clean")
-        assert len(fake.batches.created()) > 6
+        assert len(echo_gemini.batches.created()) > 6
     elif check in ("image_safety", "invalid_argument"):  # editor refusals: rounds without image, as when sync
         assert all(r["status"] == "failed" and all(x["edit_result"]["error"].startswith(f"{check}: ")
                                                    for x in r["rounds"]) for r in records.values())
@@ -175,7 +164,7 @@ def test_faults_inside_batches_are_retried_or_recorded_with_their_kind(fake, sou
         failures = json.loads((tmp_path / "faulty" / "MIMIC_batch-edit" / layout.API_FAILURES).read_text())
         assert {f["kind"] for f in failures} == {check}
         # --retry-failed in batch mode asks again (the unusable answers were not kept) and finishes every task
-        _run(fake, sources, tmp_path / "faulty", batch={}, max_rounds=2, retry_failed=True)
+        _run(echo_gemini, sources, tmp_path / "faulty", batch={}, max_rounds=2, retry_failed=True)
         assert _essentials(tmp_path / "faulty") == _essentials(tmp_path / "clean")
     assert not [p for p in (tmp_path / "faulty").rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
 
@@ -196,25 +185,25 @@ def _submitted(out: Path) -> list[str]:
     return list(jobs)
 
 
-def test_a_killed_batch_run_resumes_polling_instead_of_resubmitting(fake, sources, tmp_path, env):
-    _run(fake, sources, tmp_path / "reference", batch={})
-    reference_shapes = _job_shapes(fake)
-    fake.reset()
+def test_a_killed_batch_run_resumes_polling_instead_of_resubmitting(echo_gemini, sources, tmp_path, env):
+    _run(echo_gemini, sources, tmp_path / "reference", batch={})
+    reference_shapes = _job_shapes(echo_gemini)
+    echo_gemini.reset()
     out = tmp_path / "run"
     command = [sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out", str(out),
                "--batch", "--poll-interval", "0.02", "--max-rounds", "3", "--max-attempts", "3", "-q"]
     for kill_in_job in (1, 4):  # during round 1's writer job, then during round 2's writer job
-        fake.batches.hold(first=kill_in_job)
+        echo_gemini.batches.hold(first=kill_in_job)
         proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         job = f"batches/fake-{kill_in_job}"
-        _wait_for(lambda: job in _submitted(out) and fake.batches.polls[job] >= 2, proc)
+        _wait_for(lambda: job in _submitted(out) and echo_gemini.batches.polls[job] >= 2, proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert len(fake.batches.created()) == kill_in_job  # the restart polled the old jobs, submitted no copy
-    fake.batches.release()
+        assert len(echo_gemini.batches.created()) == kill_in_job  # the restart polled the old jobs, submitted no copy
+    echo_gemini.batches.release()
     assert main(command[3:]) == 0
-    assert _job_shapes(fake) == reference_shapes  # every step's job exactly once, as in an uninterrupted run
+    assert _job_shapes(echo_gemini) == reference_shapes  # every step's job exactly once, as in an uninterrupted run
     assert _essentials(out) == _essentials(tmp_path / "reference")
     finished = [e["uid"] for e in read_journal(out / layout.JOURNAL) if e["type"] == "task"]
     assert sorted(finished) == sorted(t.uid for t in scan_sources(sources))
-    assert _submitted(out) == [job.name for job in fake.batches.created()]
+    assert _submitted(out) == [job.name for job in echo_gemini.batches.created()]

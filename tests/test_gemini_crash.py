@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_jpeg
+from fake_runs import mimic_sources, use_fake_gemini
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation.testing.fake_gemini import FakeGemini
@@ -32,11 +32,7 @@ KILLS = 11
 
 @pytest.fixture
 def sources(tmp_path) -> Path:
-    root = tmp_path / "sources"
-    for i in range(2):
-        write_jpeg(root / "MIMIC_crash" / "normal" / f"n{i}.jpeg", i, size=256)
-        write_jpeg(root / "MIMIC_crash" / "Pneumothorax" / f"p{i}.jpeg", 10 + i, size=256)
-    return root
+    return mimic_sources(tmp_path / "sources", "MIMIC_crash", size=256)
 
 
 def _command(sources: Path, out: Path) -> list[str]:
@@ -56,8 +52,7 @@ def test_sigkilled_gemini_runs_resume_without_loss_duplicates_or_paying_twice(so
                "PYTHONUNBUFFERED": "1"}
         reference = tmp_path / "reference"  # in this process: it only needs to count the calls
         with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("GEMINI_API_KEY", KEY)
-            patch.setenv("GOOGLE_GEMINI_BASE_URL", fake.base_url)
+            use_fake_gemini(patch, fake, KEY)
             assert main(_command(sources, reference)[3:]) == 0
         uninterrupted_calls = fake.count()
         fake.reset()

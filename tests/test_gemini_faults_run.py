@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import write_jpeg
+from fake_runs import mimic_sources, use_fake_gemini
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
-from medbanana.generation.testing.fake_gemini import FakeGemini
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.rundir.store import read_journal
 
@@ -26,30 +26,19 @@ MAX_ROUNDS = 2
 
 
 @pytest.fixture(scope="module")
-def fake():
-    with FakeGemini(engine="echo") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("faults") / "sources"
-    for i in range(2):
-        write_jpeg(root / "MIMIC_faults" / "normal" / f"n{i}.jpeg", i, size=128)
-        write_jpeg(root / "MIMIC_faults" / "Pneumothorax" / f"p{i}.jpeg", 10 + i, size=128)
-    return root
+    return mimic_sources(tmp_path_factory.mktemp("faults") / "sources", "MIMIC_faults")
 
 
 @pytest.fixture
-def generate(fake, sources, tmp_path, monkeypatch, capfd):
+def generate(echo_gemini, sources, tmp_path, monkeypatch, capfd):
     """Run `medbanana generate` against the fake with `faults`; returns (exit code, run dir, printed text)."""
-    monkeypatch.setenv("GEMINI_API_KEY", KEY)
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.base_url)
+    use_fake_gemini(monkeypatch, echo_gemini, KEY)
     out = tmp_path / "run"
 
     def go(faults=(), *extra, latency=0.0):
-        fake.reset(faults)
-        fake.latency = latency
+        echo_gemini.reset(faults)
+        echo_gemini.latency = latency
         argv = ["generate", "--sources", str(sources), "--out", str(out), "--diseases", "Pneumothorax",
                 "Pleural_Effusion", "--max-rounds", str(MAX_ROUNDS), "--concurrency", "3", "--max-attempts", "3",
                 "--retry-base-delay", "0.01", "--timeout", "1", "-q", *extra]
@@ -58,7 +47,7 @@ def generate(fake, sources, tmp_path, monkeypatch, capfd):
         return code, out, captured.out + captured.err
 
     yield go
-    fake.latency = 0.0
+    echo_gemini.latency = 0.0
 
 
 def _records(run_dir: Path, sources: Path) -> dict[str, dict]:
@@ -122,12 +111,12 @@ REFUSED = [  # editor refusals: a round without image or verdict, the refusal's 
 
 
 @pytest.mark.parametrize("faults", RECOVERED, ids=lambda f: f[0])
-def test_transient_faults_are_absorbed(generate, fake, sources, faults):
+def test_transient_faults_are_absorbed(generate, echo_gemini, sources, faults):
     code, run_dir, printed = generate(faults)
     assert code == 0
     records = _records(run_dir, sources)
     assert {r["status"] for r in records.values()} <= {"success", "failed"}
-    assert sum(1 for c in fake.calls if c.fault) >= 2  # the faults did strike
+    assert sum(1 for c in echo_gemini.calls if c.fault) >= 2  # the faults did strike
     _assert_key_absent(run_dir, printed)
 
 
@@ -163,22 +152,21 @@ def test_editor_refusals_are_rounds_with_their_kind(generate, sources, faults, k
     _assert_key_absent(run_dir, printed)
 
 
-def test_latency_slows_nothing_down_but_the_clock(generate, fake, sources):
+def test_latency_slows_nothing_down_but_the_clock(generate, echo_gemini, sources):
     code, run_dir, printed = generate([], latency=0.05)
     assert code == 0
     records = _records(run_dir, sources)
     assert {r["status"] for r in records.values()} <= {"success", "failed"}
     rounds = sum(len(r["rounds"]) for r in records.values())
-    assert fake.count("writer") == fake.count("editor") == fake.count("judge") == rounds
+    assert echo_gemini.count("writer") == echo_gemini.count("editor") == echo_gemini.count("judge") == rounds
     _assert_key_absent(run_dir, printed)
 
 
-def test_a_source_cut_off_mid_image_is_a_source_error_before_any_call(fake, tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv("GEMINI_API_KEY", KEY)
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.base_url)
+def test_a_source_cut_off_mid_image_is_a_source_error_before_any_call(echo_gemini, tmp_path, monkeypatch, capfd):
+    use_fake_gemini(monkeypatch, echo_gemini, KEY)
     good = write_jpeg(tmp_path / "sources" / "MIMIC_cut" / "normal" / "whole.jpeg", 3, size=256)
     (good.parent / "cut.jpeg").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])  # header intact
-    fake.reset()
+    echo_gemini.reset()
     argv = ["generate", "--sources", str(tmp_path / "sources"), "--out", str(tmp_path / "run"), "--diseases",
             "Pneumothorax", "--max-rounds", "1", "-q"]
     assert main(argv) == 3  # a source error is an api_failed task
@@ -187,4 +175,4 @@ def test_a_source_cut_off_mid_image_is_a_source_error_before_any_call(fake, tmp_
     (failure,) = json.loads((tmp_path / "run" / "MIMIC_cut-edit" / layout.API_FAILURES).read_text())
     assert progress["cut-Pneumothorax"] == "api_failed" and progress["whole-Pneumothorax"] in ("success", "failed")
     assert (failure["task"], failure["step"], failure["kind"]) == ("cut-Pneumothorax", "load_source", "source_error")
-    assert fake.count() == 3  # one round of the whole source's task; nothing was sent for the cut one
+    assert echo_gemini.count() == 3  # one round of the whole source's task; nothing was sent for the cut one

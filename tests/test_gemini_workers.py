@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_jpeg
+from fake_runs import mimic_sources, use_fake_gemini
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation.runners import processes as workers
@@ -31,11 +31,7 @@ KEY = "workers-test-key-9e41"
 
 @pytest.fixture
 def sources(tmp_path) -> Path:
-    root = tmp_path / "sources"
-    for i in range(3):
-        write_jpeg(root / "MIMIC_w" / "normal" / f"n{i}.jpeg", i, size=128)
-        write_jpeg(root / "MIMIC_w" / "Pleural_Effusion" / f"p{i}.jpeg", 20 + i, size=128)
-    return root
+    return mimic_sources(tmp_path / "sources", "MIMIC_w", disease="Pleural_Effusion", per_class=3, disease_seed=20)
 
 
 def _args(sources: Path, out: Path, *extra: str) -> list[str]:
@@ -57,9 +53,8 @@ def test_shares_doctest():
 
 
 def test_two_workers_end_like_one_process_and_count_their_calls(sources, tmp_path, monkeypatch):
-    monkeypatch.setenv("GEMINI_API_KEY", KEY)
     with FakeGemini(engine="echo", latency=0.01) as fake:
-        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.base_url)
+        use_fake_gemini(monkeypatch, fake, KEY)
         assert main(_args(sources, tmp_path / "one")) == 0
         single_calls = fake.count()
         fake.reset()

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("openai", reason="the openai backend needs `pip install 'medbanana[openai]'`")
 
+from fake_runs import chest_source  # noqa: E402
 from medbanana.generation import backends  # noqa: E402
 from medbanana.generation.backends import APIError  # noqa: E402
 from medbanana.generation.testing.fake_openai import FakeOpenAI  # noqa: E402
@@ -31,30 +32,16 @@ def fake():
 
 
 @pytest.fixture
-def sleeps():
-    return []
-
-
-@pytest.fixture
 def options(fake, sleeps, monkeypatch):
-    async def record_sleep(seconds):
-        sleeps.append(seconds)
-
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     fake.reset()
     return {"model": MODEL, "base_url": fake.base_url, "timeout": 5.0, "max_attempts": 3,
-            "retry_base_delay": 0.01, "retry_max_delay": 0.05, "sleep": record_sleep}
+            "retry_base_delay": 0.01, "retry_max_delay": 0.05, "sleep": sleeps}
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> SourceImage:
-    rng = np.random.default_rng(0)
-    yy, xx = np.mgrid[0:128, 0:128]
-    lungs = ((np.abs(xx - 64) > 12) & (np.abs(xx - 64) < 52) & (yy > 15) & (yy < 110)).astype(float)
-    gray = np.clip(200 - 120 * lungs + rng.normal(0, 6, (128, 128)), 0, 255)
-    path = tmp_path_factory.mktemp("src") / "patient01.jpeg"
-    path.write_bytes(encode_jpeg(np.repeat(gray[..., None], 3, axis=2)))
-    return SourceImage(path)
+    return chest_source(tmp_path_factory.mktemp("src"), size=128)
 
 
 def make_task(source: SourceImage, direction: str = "add") -> Task:

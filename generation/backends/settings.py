@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 CACHE_DIR = "medbanana-cache"  # under the run directory, one folder per API backend
 
@@ -18,76 +19,93 @@ def _part(limit: float | None, n: int) -> float | None:
 
 
 @dataclass(frozen=True)
-class GeminiSettings:
-    writer_model: str | None = None
-    editor_model: str | None = None
-    judge_model: str | None = None
+class _APISettings:
+    """What the API backends share: where the server is, the client-side request rate, retries, and whether the
+    writer sees the source image. A subclass names its backend, the roles it can play, its transport and each
+    role's own options."""
+
+    backend: ClassVar[str]  # its name in `roles`
+    can_play: ClassVar[tuple[str, ...]]  # the roles it has a backend for
+    base_url: str | None = None
     rpm: float | None = None
-    tpm: float | None = None
     timeout: float = 180.0
     max_attempts: int = 6
     retry_base_delay: float = 2.0
     image_aware_writer: bool = True
-    base_url: str | None = None
 
-    def share(self, n: int) -> GeminiSettings:
-        return replace(self, rpm=_part(self.rpm, n), tpm=_part(self.tpm, n))
+    def share(self, n: int):
+        return replace(self, rpm=_part(self.rpm, n))
 
     def options(self, out: Path, roles: dict[str, str]) -> dict[str, dict]:
-        if "gemini" not in roles.values():
+        played = [role for role in self.can_play if roles.get(role) == self.backend]
+        if not played:
             return {}
-        from .gemini_transport import GeminiTransport
-
-        transport = GeminiTransport(base_url=self.base_url, timeout=self.timeout, max_attempts=self.max_attempts,
-                                    rpm=self.rpm, tpm=self.tpm, retry_base_delay=self.retry_base_delay,
-                                    cache_dir=Path(out) / CACHE_DIR / "gemini")
-        models = {"writer": self.writer_model, "editor": self.editor_model, "judge": self.judge_model}
-        options = {role: {"transport": transport, **({"model": models[role]} if models[role] else {})}
-                   for role, name in roles.items() if name == "gemini"}
+        transport = self.transport(Path(out) / CACHE_DIR / self.backend)
+        options = {role: {"transport": transport, **self.role_options(role, transport)} for role in played}
         if "writer" in options:
             options["writer"]["image_aware"] = self.image_aware_writer
         return options
 
+    def transport_options(self, cache_dir: Path) -> dict:
+        return dict(base_url=self.base_url, timeout=self.timeout, max_attempts=self.max_attempts, rpm=self.rpm,
+                    retry_base_delay=self.retry_base_delay, cache_dir=cache_dir)
+
+    def transport(self, cache_dir: Path):
+        """The run's one transport, shared by every role this backend plays."""
+        raise NotImplementedError
+
+    def role_options(self, role: str, transport) -> dict:
+        """The constructor options of `role`'s backend besides the transport (and the writer's image_aware)."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
-class OpenAISettings:
+class GeminiSettings(_APISettings):
+    """The `gemini` writer, editor and judge: key from GEMINI_API_KEY or GOOGLE_API_KEY; a role without a model of
+    its own gets its backend's default."""
+
+    backend = "gemini"
+    can_play = ("writer", "editor", "judge")
+    writer_model: str | None = None
+    editor_model: str | None = None
+    judge_model: str | None = None
+    tpm: float | None = None
+
+    def share(self, n: int) -> GeminiSettings:
+        return replace(super().share(n), tpm=_part(self.tpm, n))
+
+    def transport(self, cache_dir: Path):
+        from .gemini_transport import GeminiTransport
+
+        return GeminiTransport(tpm=self.tpm, **self.transport_options(cache_dir))
+
+    def role_options(self, role: str, transport) -> dict:
+        model = {"writer": self.writer_model, "editor": self.editor_model, "judge": self.judge_model}[role]
+        return {"model": model} if model else {}
+
+
+@dataclass(frozen=True)
+class OpenAISettings(_APISettings):
     """The `openai` writer and judge: key from OPENAI_API_KEY; `model` serves both roles unless one is named."""
 
-    base_url: str | None = None
+    backend = "openai"
+    can_play = ("writer", "judge")
     model: str | None = None
     writer_model: str | None = None
     judge_model: str | None = None
     structured_output: str = "json_schema"
-    rpm: float | None = None
-    timeout: float = 180.0
-    max_attempts: int = 6
-    retry_base_delay: float = 2.0
-    image_aware_writer: bool = True
 
-    def share(self, n: int) -> OpenAISettings:
-        return replace(self, rpm=_part(self.rpm, n))
-
-    def options(self, out: Path, roles: dict[str, str]) -> dict[str, dict]:
-        openai_roles = [role for role in ("writer", "judge") if roles.get(role) == "openai"]
-        if not openai_roles:
-            return {}
+    def transport(self, cache_dir: Path):
         from .openai_compatible import OpenAITransport
 
-        transport = OpenAITransport(base_url=self.base_url, timeout=self.timeout, max_attempts=self.max_attempts,
-                                    rpm=self.rpm, retry_base_delay=self.retry_base_delay,
-                                    cache_dir=Path(out) / CACHE_DIR / "openai")
-        models = {"writer": self.writer_model or self.model, "judge": self.judge_model or self.model}
-        options: dict[str, dict] = {}
-        for role in openai_roles:
-            if not models[role]:
-                raise ValueError(f"the openai {role} needs a model: --openai-model (or --{role}-model), as the "
-                                 f"server at {transport.base_url or 'api.openai.com'} names it")
-            options[role] = {"transport": transport, "model": models[role]}
-        if "writer" in options:
-            options["writer"]["image_aware"] = self.image_aware_writer
-        if "judge" in options:
-            options["judge"]["structured_output"] = self.structured_output
-        return options
+        return OpenAITransport(**self.transport_options(cache_dir))
+
+    def role_options(self, role: str, transport) -> dict:
+        model = {"writer": self.writer_model, "judge": self.judge_model}[role] or self.model
+        if not model:
+            raise ValueError(f"the openai {role} needs a model: --openai-model (or --{role}-model), as the "
+                             f"server at {transport.base_url or 'api.openai.com'} names it")
+        return {"model": model, **({"structured_output": self.structured_output} if role == "judge" else {})}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -42,8 +41,8 @@ from . import gemini_format as rest
 from .echo import EchoEditor, EchoJudge, EchoWriter
 from .fake_batches import FakeBatches
 from .faults import FAULT_KINDS, parse_faults
-from .wire import (blank_jpeg, connection_loop, history_from, run_coroutine, spoiled_json, tagged, task_from,
-                   verdict_json)
+from .wire import (LocalServer, WireHandler, blank_jpeg, connection_loop, history_from, run_coroutine, spoiled_json,
+                   tagged, task_from, verdict_json)
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class Call:
     images: int  # inline images in the request
 
 
-class FakeGemini:
+class FakeGemini(LocalServer):
     """The server plus its state: faults, latency, the log of calls, and the simulator backends doing the work."""
 
     def __init__(self, *, faults=(), latency: float = 0.0, host: str = "127.0.0.1", port: int = 0,
@@ -65,9 +64,9 @@ class FakeGemini:
         writer/editor/judge replace the engine's backend for that role; scorer (any object with the judges'
         `score`) answers scoring requests, by default the judge when it scores, else the simulator's pixel judge; a
         batch job reports RUNNING for at least batch_seconds."""
+        super().__init__(host, port, _Handler)
         self.faults = parse_faults(faults)
         self.latency = latency
-        self.host, self.port = host, port
         if engine not in ("simulator", "echo"):
             raise ValueError(f"engine must be 'simulator' or 'echo', not {engine!r}")
         echo = {"writer": EchoWriter, "editor": EchoEditor, "judge": lambda: EchoJudge(accept_rate)}
@@ -79,33 +78,14 @@ class FakeGemini:
         self.batches = FakeBatches(self, batch_seconds)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> "FakeGemini":
+    def start(self) -> FakeGemini:
         self._stopping.clear()
-        self._server = _Server((self.host, self.port), _Handler)
-        self._server.fake = self
-        self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-gemini",
-                         daemon=True).start()
-        return self
+        return super().start()
 
     def stop(self) -> None:
         self._stopping.set()  # releases hanging and slow calls
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "FakeGemini":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().stop()
 
     def reset(self, faults=()) -> None:
         """New faults (counted from zero), an empty call log, and no batch jobs or files."""
@@ -235,17 +215,9 @@ class FakeGemini:
         return [{"text": f"Graded the edit: {scores.reason}", "thought": True}, {"text": body}], "STOP"
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 256
-    fake: FakeGemini
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(WireHandler):
     disable_nagle_algorithm = True  # headers and body go out in two writes; Nagle would hold the second ~40 ms
-    server: _Server
+    json_type = "application/json; charset=UTF-8"
     # (method, path pattern, handler as an attribute path on FakeGemini, body: JSON or raw bytes)
     ROUTES = (
         ("POST", re.compile(r"^/(?:v1|v1beta)/models/(?P<model>[^/:]+):generateContent$"), "generate_content", "json"),
@@ -268,7 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         arrived = time.monotonic()  # headers read; the latency runs from here
-        fake = self.server.fake
+        fake: FakeGemini = self.server.fake
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
         path, _, query = self.path.partition("?")
@@ -278,7 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     request = json.loads(body or b"{}") if kind == "json" else body
                 except ValueError:
-                    return self._send(*rest.error(400, "request body is not JSON"))
+                    return self.send_payload(*rest.error(400, "request body is not JSON"))
                 handler = fake
                 for attribute in name.split("."):
                     handler = getattr(handler, attribute)
@@ -289,31 +261,12 @@ class _Handler(BaseHTTPRequestHandler):
                                                        arrived=arrived)
                 except Exception as exc:  # a simulator bug: a 500 the client can report, and the trace here
                     traceback.print_exc()
-                    return self._send(*rest.error(500, f"fake Gemini failed: {type(exc).__name__}: {exc}"))
+                    return self.send_payload(*rest.error(500, f"fake Gemini failed: {type(exc).__name__}: {exc}"))
                 if status == 0:
                     self.close_connection = True
                     return
-                return self._send(status, payload, headers)
-        self._send(*rest.error(404, f"fake Gemini has no {method} {path}"))
-
-    def _send(self, status: int, payload: dict | bytes, headers: dict | None = None) -> None:
-        raw = isinstance(payload, bytes)
-        data = payload if raw else json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            headers = dict(headers or {})
-            self.send_header("Content-Type", headers.pop("Content-Type", None) or (
-                "application/octet-stream" if raw else "application/json; charset=UTF-8"))
-            self.send_header("Content-Length", str(len(data)))
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client gave up (timeout); nothing to answer
-
-    def log_message(self, format, *args):  # quiet: tests and benchmarks read fake.calls instead
-        pass
+                return self.send_payload(status, payload, headers)
+        self.send_payload(*rest.error(404, f"fake Gemini has no {method} {path}"))
 
 
 def _png(edited: EditedImage) -> bytes:

@@ -19,13 +19,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from .. import backends
 from ..records import EditedImage, SourceImage
 from .faults import parse_faults
-from .wire import blank_jpeg, history_from, run_coroutine, spoiled_json, tagged, task_from, verdict_json
+from .wire import (LocalServer, WireHandler, blank_jpeg, history_from, run_coroutine, spoiled_json, tagged, task_from,
+                   verdict_json)
 
 DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]+);base64,(?P<data>.*)$", re.DOTALL)
 
@@ -39,46 +39,22 @@ class Call:
     response_format: str  # its "type", or ""
 
 
-class FakeOpenAI:
+class FakeOpenAI(LocalServer):
     """The server plus its state: faults, the call log, and the simulator backends doing the work."""
+
+    url_path = "/v1"
 
     def __init__(self, *, faults=(), structured_output: bool = True, think: bool = False, latency: float = 0.0,
                  host: str = "127.0.0.1", port: int = 0):
+        super().__init__(host, port, _Handler)
         self.faults = parse_faults(faults)
         self.structured_output = structured_output
         self.think = think
         self.latency = latency
-        self.host, self.port = host, port
         self.writer = backends.create("writer", "simulator")
         self.judge = backends.create("judge", "simulator")
         self.calls: list[Call] = []
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def start(self) -> "FakeOpenAI":
-        self._server = ThreadingHTTPServer((self.host, self.port), _Handler)
-        self._server.daemon_threads = True
-        self._server.fake = self
-        self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-openai",
-                         daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "FakeOpenAI":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def reset(self, faults=(), *, structured_output: bool = True, think: bool = False, latency: float = 0.0) -> None:
         with self._lock:
@@ -132,35 +108,17 @@ class FakeOpenAI:
         return 200, _completion(request, text, "stop"), {}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
+class _Handler(WireHandler):
     def do_POST(self):
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
         if self.path.rstrip("/") != "/v1/chat/completions":
-            return self._send(*_error(404, f"fake OpenAI has no POST {self.path}"), {})
+            return self.send_payload(*_error(404, f"fake OpenAI has no POST {self.path}"))
         try:
             request = json.loads(body or b"{}")
         except ValueError:
-            return self._send(*_error(400, "request body is not JSON"), {})
-        self._send(*self.server.fake.chat_completions(request, self.headers.get("authorization", "")))
-
-    def _send(self, status: int, payload: dict, headers: dict) -> None:
-        data = json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-
-    def log_message(self, format, *args):  # quiet: tests read fake.calls instead
-        pass
+            return self.send_payload(*_error(400, "request body is not JSON"))
+        self.send_payload(*self.server.fake.chat_completions(request, self.headers.get("authorization", "")))
 
 
 def _read_messages(messages: list[dict]) -> tuple[list[str], list[bytes]]:

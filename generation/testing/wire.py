@@ -1,5 +1,6 @@
-"""What the fake servers share (fake_gemini.py, fake_openai.py): reading medbanana's prompts back into a task, an
-instruction and the history, running the simulator's coroutines in a handler thread, and the judge's JSON answer.
+"""What the fake servers share (fake_gemini.py, fake_openai.py): the HTTP server on its own thread and the answer
+sent back (LocalServer, WireHandler), reading medbanana's prompts back into a task, an instruction and the history,
+running the simulator's coroutines in a handler thread, and the judge's JSON answer.
 
 The task is read from the "- Finding:" and "- Direction:" lines of medbanana's prompts, the instruction from
 <instruction>, earlier rounds from <history>; so the fakes understand medbanana's requests only.
@@ -13,7 +14,9 @@ import re
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -22,6 +25,79 @@ from ..taxonomy import load_taxonomy
 
 VERDICT_FIELDS = ("has_disease", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified",
                   "reason")
+
+
+class LocalServer:
+    """A fake's HTTP server on 127.0.0.1 (by default), served from a daemon thread: `start()` binds it (port 0 picks a
+    free port, read back into `port`), `stop()` shuts it down, `with` does both. Each request is answered by the
+    subclass's `handler` class on a thread of its own; the handler finds the fake as `self.server.fake`."""
+
+    url_path: ClassVar[str] = ""  # what base_url adds after host and port
+
+    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]):
+        self.host, self.port = host, port
+        self._handler = handler
+        self._server: _Server | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}{self.url_path}"
+
+    def start(self):
+        self._server = _Server((self.host, self.port), self._handler)
+        self._server.fake = self
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                         name=type(self).__name__, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 256  # benchmarks open hundreds of connections at once
+    fake: LocalServer
+
+
+class WireHandler(BaseHTTPRequestHandler):
+    """What a fake's request handler shares: HTTP/1.1 connections, answers sent whole, no access log."""
+
+    protocol_version = "HTTP/1.1"
+    json_type: ClassVar[str] = "application/json"  # the Content-Type of a JSON answer
+    server: _Server
+
+    def send_payload(self, status: int, payload: dict | bytes, headers: dict | None = None) -> None:
+        """Answer with `payload`, JSON or raw bytes (application/octet-stream unless `headers` name a
+        Content-Type)."""
+        raw = isinstance(payload, bytes)
+        data = payload if raw else json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            headers = dict(headers or {})
+            self.send_header("Content-Type", headers.pop("Content-Type", None) or (
+                "application/octet-stream" if raw else self.json_type))
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up (timeout); nothing to answer
+
+    def log_message(self, format, *args):  # quiet: tests and benchmarks read fake.calls instead
+        pass
 
 
 def task_from(texts: list[str]) -> Task:

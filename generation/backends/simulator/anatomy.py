@@ -9,12 +9,11 @@ Chest images are assumed in the radiological convention (patient's right on the 
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 import numpy as np
 from scipy import ndimage
 
-from .imaging import blur, disc, ellipse_radius, grid, largest_component, otsu, resize_mask
+from .imaging import SourceCache, blur, disc, ellipse_radius, grid, largest_component, otsu, resize_mask
 
 
 @dataclass
@@ -236,20 +235,10 @@ def _estimate(small: np.ndarray, modality: str) -> Anatomy:
     return Anatomy(modality=modality, points=points, masks=masks, estimated=ok)
 
 
-_CACHE: dict[tuple[str, str], Anatomy] = {}
-_LOCK = threading.Lock()
+_ANATOMIES: SourceCache[Anatomy] = SourceCache(128)
 
 
 def estimate_anatomy(small_rgb: np.ndarray, modality: str, key: str = "") -> Anatomy:
     """Landmarks of an ANAT² float RGB image. With a `key` (the source's sha256) the result is cached, because
     the editor and the judge of every round of a task ask about the same original image."""
-    with _LOCK:
-        if key and (key, modality) in _CACHE:
-            return _CACHE[(key, modality)]
-    anat = _estimate(np.asarray(small_rgb, dtype=np.float32), modality)
-    if key:
-        with _LOCK:
-            if len(_CACHE) >= 128:
-                _CACHE.pop(next(iter(_CACHE)))
-            _CACHE[(key, modality)] = anat
-    return anat
+    return _ANATOMIES.get(key, modality, lambda: _estimate(np.asarray(small_rgb, dtype=np.float32), modality))

@@ -1,4 +1,5 @@
-"""Small image helpers shared by the simulator: working-resolution resampling, smoothing, noise and shapes.
+"""Small image helpers shared by the simulator: working-resolution resampling, smoothing, noise and shapes, and
+the cache of what is computed once per source image.
 
 The simulator works on a square grid of WORK pixels (fields, masks, metrics) and returns to the source size
 only to apply an edit, so that one edit and one judgement of a 1024² image stay well under a second.
@@ -6,7 +7,10 @@ only to apply an edit, so that one edit and one judgement of a 1024² image stay
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Generic, TypeVar
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -15,6 +19,30 @@ from scipy import ndimage
 WORK = 512  # lesion fields and judge metrics
 ANAT = 256  # anatomy estimation
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+T = TypeVar("T")
+
+
+class SourceCache(Generic[T]):
+    """What is computed from one source image, kept by (the source's sha256, modality) because the editor and the
+    judge of every round of a task ask about the same original. Thread-safe (the work itself runs outside the
+    lock); past `size` entries the oldest goes; a call without a key is not cached."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._items: dict[tuple[str, str], T] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, modality: str, compute: Callable[[], T]) -> T:
+        with self._lock:
+            if key and (key, modality) in self._items:
+                return self._items[(key, modality)]
+        value = compute()
+        if key:
+            with self._lock:
+                if len(self._items) >= self.size:
+                    self._items.pop(next(iter(self._items)))
+                self._items[(key, modality)] = value
+        return value
 
 
 def luminance(rgb: np.ndarray) -> np.ndarray:

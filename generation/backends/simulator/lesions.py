@@ -14,15 +14,14 @@ change beyond the lesion, normal anatomy) to catch repairs that wipe or smear an
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import ndimage
 
 from .anatomy import Anatomy, estimate_anatomy
-from .imaging import (ANAT, WORK, blur, ellipse_radius, grain_level, highpass, luminance, resize_field, resize_rgb,
-                      robust_std, smooth_noise, soft_edge)
+from .imaging import (ANAT, WORK, SourceCache, blur, ellipse_radius, grain_level, highpass, luminance, resize_field,
+                      resize_rgb, robust_std, smooth_noise, soft_edge)
 from .params import EditParams
 
 
@@ -119,27 +118,21 @@ def spec_for(disease: str) -> LesionSpec:
         raise ValueError(f"the simulator has no lesion model for {disease!r}; known: {', '.join(SPECS)}") from None
 
 
-_CANVASES: dict[tuple[str, str], Canvas] = {}
-_LOCK = threading.Lock()
+_CANVASES: SourceCache[Canvas] = SourceCache(16)
 
 
 def make_canvas(rgb: np.ndarray, modality: str, key: str = "") -> Canvas:
     """The source on the working grid with its anatomy. With a `key` (the source's sha256) it is cached: every
     round's edit and judgement of a task start from the same original. Treat the result as read-only."""
-    with _LOCK:
-        if key and (key, modality) in _CANVASES:
-            return _CANVASES[(key, modality)]
+    return _CANVASES.get(key, modality, lambda: _canvas(rgb, modality, key))
+
+
+def _canvas(rgb: np.ndarray, modality: str, key: str) -> Canvas:
     work = resize_rgb(rgb, WORK)
     anatomy = estimate_anatomy(resize_rgb(rgb, ANAT), modality, key)
     lum = luminance(work)
     regions = anatomy.regions(WORK)
-    canvas = Canvas(work, lum, anatomy, regions, max(grain_level(lum, regions["envelope"]), 0.5))
-    if key:
-        with _LOCK:
-            if len(_CANVASES) >= 16:
-                _CANVASES.pop(next(iter(_CANVASES)))
-            _CANVASES[(key, modality)] = canvas
-    return canvas
+    return Canvas(work, lum, anatomy, regions, max(grain_level(lum, regions["envelope"]), 0.5))
 
 
 # ---------------------------------------------------------------- shared shape helpers
