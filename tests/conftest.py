@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/scripted.py and other test helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/paths.py, scripted.py and other test helpers
 
-SHARED_SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+from paths import ROOT, SHARED_SAMPLES  # noqa: E402, F401 (tests import SHARED_SAMPLES from here)
 
 
 def write_jpeg(path: Path, value: int = 128, size: int = 32) -> Path:
@@ -134,7 +134,7 @@ def checkpoint(tmp_path_factory, demo_dataset):
     from medbanana.dpo.tiny import save_tiny_vlm
 
     root = tmp_path_factory.mktemp("checkpoints")
-    prompts = Path(__file__).resolve().parents[1] / "generation" / "prompts"
+    prompts = ROOT / "generation" / "prompts"
     corpus = [path.read_text() for path in sorted(prompts.glob("*.txt"))]
     for config in ("dpo_pairs", "judge"):  # the dataset's own texts, read as plain columns
         table = datasets.load_dataset(str(demo_dataset), config, split="train")

@@ -102,3 +102,9 @@ def test_every_stage_folder_is_in_architecture_md():
     missing = [str(f) for f in folders
                if f"`{f}/`" not in text and not (len(f.parts) > 2 and f"`{f.parts[-1]}/`" in text)]
     assert not missing, f"ARCHITECTURE.md names no row for {missing}"
+
+
+def test_tests_mirror_the_package_folders():
+    test_folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
+    strays = sorted(str(f) for f in test_folders if f != Path(".") and not (ROOT / f / "__init__.py").exists())
+    assert not strays, f"tests/{strays} match no package folder"

@@ -5,9 +5,8 @@ import re
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_commands() -> list[str]:

@@ -303,6 +303,7 @@ def test_upload_to_a_closed_port_is_one_clear_line(dataset, monkeypatch, capsys)
 def test_an_unexpected_error_prints_its_traceback_scrubbed(monkeypatch, capsys):
     """A failure nobody foresaw still prints a traceback to debug from, with the secrets the process holds removed."""
     from medbanana import cli
+    from medbanana.generation.commands import taxonomy
 
     key = "AIza-test-SECRET-traceback-0123456789"
     monkeypatch.setenv("GEMINI_API_KEY", key)
@@ -310,7 +311,7 @@ def test_an_unexpected_error_prints_its_traceback_scrubbed(monkeypatch, capsys):
     def explode(args):
         raise KeyError(f"the endpoint answered: x-goog-api-key: {key}")
 
-    monkeypatch.setattr(cli, "cmd_taxonomy", explode)  # the parser binds the command when main() builds it
+    monkeypatch.setattr(taxonomy, "cmd_taxonomy", explode)  # the parser binds the command when main() builds it
     assert cli.main(["taxonomy"]) == 1
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "KeyError" in err

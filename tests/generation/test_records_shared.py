@@ -22,8 +22,8 @@ from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.store import read_journal
 from medbanana.generation.runners.local import RunOptions, run
 from medbanana.generation.sources.scan import scan_sources
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_verdict_columns_are_records_declaration():

@@ -16,8 +16,8 @@ pytest.importorskip("diffusers", reason="training needs the train extra: pip ins
 
 from medbanana.dpo import editor_diffusion_dpo, judge_sft, refiner_dpo  # noqa: E402
 from medbanana.dpo.common import model_location  # noqa: E402
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {module.__name__: module for module in (refiner_dpo, judge_sft, editor_diffusion_dpo)}
 SWAPPED = {"--model_name_or_path", "--dataset_name", "--output_dir", "--dtype"}
 

@@ -12,8 +12,8 @@ from datasets import Image, load_dataset
 from medbanana.builder.build import BuildError, build
 from medbanana.builder.features import CONFIG_FEATURES, CONFIG_NAMES
 from medbanana.generation.rundir import layout
+from paths import SHARED_SAMPLES
 
-SHARED_SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 
 
 def load(folder, config, cache, split=None):

@@ -20,8 +20,8 @@ from medbanana.generation.backends.simulator.params import SCALES, EditParams, p
 from medbanana.generation.backends.simulator.phantoms import DATASETS, NORMAL_FOLDER, normal_source, write_demo_sources
 from medbanana.generation.backends.simulator.writer import TemplateWriter, compose, first_params, refine
 from medbanana.generation.taxonomy import load_taxonomy
+from paths import SHARED_SAMPLES
 
-SHARED_SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 TAXONOMY = load_taxonomy()
 
 

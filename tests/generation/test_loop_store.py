@@ -1,4 +1,3 @@
-import asyncio
 import json
 import os
 import signal
@@ -13,11 +12,12 @@ import pytest
 from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter, pass_round
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.lock import LOCK_NAME
-from medbanana.generation.loop import acceptance_policy, refine_task
+from medbanana.generation.loop import acceptance_policy
 from medbanana.generation.records import SourceImage, Verdict
 from medbanana.generation.runners.local import RunOptions, run
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.rundir.store import RunConfigMismatch, read_journal
+from paths import TESTS
 
 
 def _task(tiny_sources, key="n0-Pneumothorax"):
@@ -133,7 +133,7 @@ KILL_SCRIPT = textwrap.dedent("""
 def test_killed_and_resumed_run_loses_and_duplicates_nothing(tiny_sources, tmp_path):
     out = tmp_path / "run"
     script = tmp_path / "go.py"
-    script.write_text(KILL_SCRIPT.format(tests=str(Path(__file__).parent), sources=str(tiny_sources), out=str(out)))
+    script.write_text(KILL_SCRIPT.format(tests=str(TESTS), sources=str(tiny_sources), out=str(out)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     kills = 0
     for _ in range(6):  # kill at varied points: after 2..7 more journal lines each time
