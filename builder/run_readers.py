@@ -19,7 +19,7 @@ from ..generation.records import VERDICT_FIELDS, json_bool, task_uid
 from ..generation.rundir import layout
 from ..generation.taxonomy import DIRECTIONS, load_taxonomy
 from . import run_json
-from . import run_schema as schema
+from ..generation.rundir import schema
 from .runs import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_modality
 from .safety import MALFORMED, Confined, Refused, handle
 

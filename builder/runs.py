@@ -35,7 +35,7 @@ import msgspec
 
 from ..generation.rundir import layout
 from ..generation.taxonomy import load_taxonomy
-from . import run_schema as schema
+from ..generation.rundir import schema
 from .safety import Confined, Refused, handle, inside
 
 RECORDS_JSONL = "records.jsonl"

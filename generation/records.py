@@ -261,10 +261,13 @@ class Verdict:
 
     @classmethod
     def from_json(cls, raw: dict) -> "Verdict":
-        judged = {name: _UNJUDGED[name] if value is None else value
-                  for name, value in verdict_values(JsonFields(raw)).items()}
-        return cls(**judged, thinking_summary=raw.get("thinking_summary", ""), model=raw.get("model", ""),
-                   details=raw.get("details", {}))
+        return cls.from_values(verdict_values(JsonFields(raw)), thinking_summary=raw.get("thinking_summary", ""),
+                               model=raw.get("model", ""), details=raw.get("details", {}))
+
+    @classmethod
+    def from_values(cls, values: dict, **extra) -> "Verdict":
+        """From `verdict_values`' output: a field the answer lacked (None) is not judged: False, 0.0 or ""."""
+        return cls(**{name: _UNJUDGED[name] if value is None else value for name, value in values.items()}, **extra)
 
 
 _UNJUDGED = {name: kind() for name, kind in VERDICT_COLUMNS.items()}  # False, 0.0, "": a field the JSON lacks
@@ -318,19 +321,6 @@ class Attempt:
         if self.edit_details:
             out["edit_result"]["details"] = self.edit_details
         return out
-
-    @classmethod
-    def from_round_json(cls, raw: dict) -> "Attempt":
-        gp = raw.get("generate_prompt") or {}
-        ver = raw.get("verification")
-        usage = (raw.get("usage") or {}).get("writer") or {}
-        return cls(round=int(raw["round"]),
-                   instruction=Instruction(text=gp.get("prompt", raw.get("instruction", "")),
-                                           thinking_summary=gp.get("thinking_summary", ""), usage=Usage(**usage)),
-                   verdict=Verdict.from_json(ver) if ver else None, accepted=bool(raw.get("accepted")),
-                   edit_error=(raw.get("edit_result") or {}).get("error", ""),
-                   image_relpath=raw.get("image", ""), seconds=float(raw.get("seconds", 0.0)),
-                   edit_details=(raw.get("edit_result") or {}).get("details", {}))
 
 
 @dataclass

@@ -24,6 +24,7 @@ from pathlib import Path
 from . import layout
 from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, mark_synthetic, read_mark, xmp_text
+from .schema import attempt_from_round
 from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
 from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, read_jsonl  # noqa: F401 (re-exported)
 
@@ -171,7 +172,7 @@ class RunStore:
             raw = rounds.get(n)
             if raw is None or (raw.get("image") and not (self.run_dir / raw["image"]).exists()):
                 break
-            attempts.append(Attempt.from_round_json(raw))
+            attempts.append(attempt_from_round(raw))
         return attempts
 
     # --- writing ------------------------------------------------------------------------------------------------

@@ -11,12 +11,14 @@ import msgspec
 import pytest
 
 from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
-from medbanana.builder import features, run_schema
+from medbanana.builder import features
+from medbanana.generation.rundir import schema as run_schema
+from medbanana.generation.rundir.schema import attempt_from_round
 from medbanana.builder.runs import discover_units, read_tasks
 from medbanana.evaluation.agreement import read_human_labels
 from medbanana.generation import records
-from medbanana.generation.records import (FALSE_WORDS, TRUE_WORDS, VERDICT_COLUMNS, VERDICT_FIELDS, Attempt,
-                                          Verdict, as_bool, json_bool, strict_bool, task_uid,
+from medbanana.generation.records import (FALSE_WORDS, TRUE_WORDS, VERDICT_COLUMNS, VERDICT_FIELDS, Attempt, Instruction,
+                                          Usage, Verdict, as_bool, json_bool, strict_bool, task_uid,
                                           verdict_values)
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.store import read_journal
@@ -93,7 +95,7 @@ def test_what_the_generator_writes_the_journal_and_the_builder_read_alike(tiny_s
     journal = {}
     for entry in read_journal(tmp_path / "run" / layout.JOURNAL):
         if entry["type"] == "round":
-            journal.setdefault(entry["uid"], []).append(Attempt.from_round_json(entry["round"]))
+            journal.setdefault(entry["uid"], []).append(attempt_from_round(entry["round"]))
     built = {t.uid: t for unit in discover_units(tmp_path / "run") for t in read_tasks(unit)}
     assert set(built) == set(journal) == {t.uid for t in tasks}
     for task in tasks:
@@ -148,3 +150,20 @@ def test_the_import_check_sees_relative_imports():
     found = _imports(ROOT / "builder" / "build.py")
     assert "medbanana.builder.paper" in found and "medbanana.generation.rundir.lock" in _imports(
         ROOT / "builder" / "output.py")
+
+
+def test_a_journalled_round_reads_back_as_the_attempt_that_wrote_it():
+    """The journal's rounds go through the builder's schema on resume: every field a round JSON holds survives."""
+    verdict = Verdict(True, False, True, True, False, "edge too sharp", score=0.6, thinking_summary="looked at it",
+                      model="judge-1", details={"iou": 0.4})
+    for attempt in (Attempt(2, Instruction("Add a nodule.", "why", usage=Usage(3, 4, 5)), verdict, accepted=False,
+                            image_relpath="D-edit-failed/x.jpeg", seconds=1.25, edit_details={"seed": 7}),
+                    Attempt(3, Instruction("Add it again."), edit_error="safety: blocked")):
+        assert attempt_from_round(attempt.to_round_json()) == attempt
+        assert attempt_from_round(json.dumps(attempt.to_round_json()).encode()) == attempt
+    original = {"round": 1, "generate_prompt": {"thinking_summary": "t", "prompt": "p"},  # the original scripts'
+                "edit_result": {"success": True}, "verification": {"qualified": "yes", "has_disease": True,
+                                                                   "structure_reasonable": True,
+                                                                   "looks_realistic": True, "reason": "ok"}}
+    read = attempt_from_round(original)
+    assert read.instruction.text == "p" and read.verdict.qualified is True and read.verdict.fidelity_preserved is False

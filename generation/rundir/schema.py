@@ -1,7 +1,8 @@
-"""The JSON the builder reads, as msgspec Structs: decoded straight into typed objects, unknown fields skipped.
+"""The run directory's JSON, as msgspec Structs: decoded straight into typed objects, unknown fields skipped.
 
-One schema covers the original scripts' `all_conversations.json` entries and ours (which add fields; see
-ARCHITECTURE.md, "Records"), and the paper's §5.2 records. Booleans and scores are any JSON scalar (`Scalar`)
+The one parser of a round and a task record, wherever they are read: the builder reads `all_conversations.json`
+(the original scripts' entries and ours, which add fields; see ARCHITECTURE.md, "Records") and the paper's §5.2
+records through it, and a resumed run turns its journal's rounds into `Attempt`s through it (`attempt_from_round`). Booleans and scores are any JSON scalar (`Scalar`)
 because judges have been seen to answer "yes"/"no" or numbers as strings; `records.as_bool` normalises them. An
 object or a list there, or an integer past its parquet column's range, is a malformed entry that msgspec names
 by its `$...` path. `gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic
@@ -14,7 +15,7 @@ from typing import Annotated
 
 import msgspec
 
-from ..generation.records import VERDICT_COLUMNS
+from ..records import VERDICT_COLUMNS, Attempt, Instruction, Usage, Verdict, as_bool, verdict_values
 
 Scalar = bool | int | float | str | None
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # rounds: int32 columns
@@ -40,6 +41,7 @@ class GeneratePrompt(msgspec.Struct, gc=False):
 class EditResult(msgspec.Struct, gc=False):
     success: Scalar = True  # read strictly (`records.json_bool`): "false" is false, "no" is refused
     error: str | None = None
+    details: msgspec.Raw = NULL  # ours: the editor's facts, decoded only when a run resumes
 
 
 # A round's `verification`: the verdict's columns as `records.VERDICT_COLUMNS` declares them (booleans and the score
@@ -47,7 +49,7 @@ class EditResult(msgspec.Struct, gc=False):
 Verification = msgspec.defstruct(
     "Verification",
     [*((name, str | None if kind is str else Scalar, None) for name, kind in VERDICT_COLUMNS.items()),
-     ("thinking_summary", msgspec.Raw, NULL), ("model", str | None, None)],
+     ("thinking_summary", msgspec.Raw, NULL), ("model", str | None, None), ("details", msgspec.Raw, NULL)],
     module=__name__, gc=False)
 
 
@@ -58,6 +60,9 @@ class Round(msgspec.Struct, gc=False):
     verification: Verification | None = None
     instruction: str | None = None  # ours, equal to generate_prompt.prompt
     seconds: int | float | str | None = None  # ours
+    accepted: Scalar = None  # ours
+    image: str | None = None  # ours: the attempt's image, relative to the run directory
+    usage: msgspec.Raw = NULL  # ours: tokens per role
 
 
 class Models(msgspec.Struct, gc=False):
@@ -124,3 +129,31 @@ class PaperRecord(msgspec.Struct, gc=False):
 CONVERSATION = msgspec.json.Decoder(Conversation)  # one entry: files are split into entries by `run_json`
 API_FAILURES = msgspec.json.Decoder(list[ApiFailure])
 PAPER_RECORD = msgspec.json.Decoder(PaperRecord)
+
+
+ROUND = msgspec.json.Decoder(Round)
+
+
+def attempt_from_round(raw: dict | bytes) -> Attempt:
+    """A journalled round (its JSON text, or as `json.loads` made it) back as the Attempt that wrote it."""
+    round_ = ROUND.decode(raw if isinstance(raw, bytes) else msgspec.json.encode(raw))
+    prompt = round_.generate_prompt or GeneratePrompt()
+    usage = (_decoded(round_.usage) or {}).get("writer") or {}
+    edit = round_.edit_result or EditResult()
+    instruction = Instruction(text=prompt.prompt if prompt.prompt is not None else round_.instruction or "",
+                              thinking_summary=text(prompt.thinking_summary) or "", usage=Usage(**usage))
+    return Attempt(round=int(round_.round), instruction=instruction, verdict=_verdict(round_.verification),
+                   accepted=bool(as_bool(round_.accepted)), edit_error=edit.error or "",
+                   image_relpath=round_.image or "", seconds=float(round_.seconds or 0.0),
+                   edit_details=_decoded(edit.details) or {})
+
+
+def _verdict(raw: Verification | None) -> Verdict | None:
+    if raw is None:
+        return None
+    return Verdict.from_values(verdict_values(raw), thinking_summary=text(raw.thinking_summary) or "",
+                               model=raw.model or "", details=_decoded(raw.details) or {})
+
+
+def _decoded(raw: msgspec.Raw):
+    return msgspec.json.decode(raw) if raw else None
