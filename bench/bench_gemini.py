@@ -16,6 +16,7 @@ import of google-genai and the backends, done before the clock starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -57,19 +58,36 @@ def run_one(args) -> dict:
     from medbanana.generation.backends import gemini, gemini_transport as transport# noqa: F401
     from medbanana.generation.runners.generate import BackendSpec, generate
     from medbanana.generation.runners.local import RunOptions
+    from medbanana.generation.rundir.signing import SigningCredentials
 
     imports = time.perf_counter() - imports
     roles = {"writer": "gemini", "editor": "gemini", "judge": "gemini"}
     spec = BackendSpec("gemini", roles, gemini={"base_url": args.base_url, "timeout": 60, "max_attempts": 3})
     started = time.perf_counter()
     summary = generate(Path(args.sources), Path(args.out), spec=spec, limit=args.tasks,
-                       options=RunOptions(concurrency=args.concurrency, workers=args.workers, quiet=True))
+                       options=RunOptions(concurrency=args.concurrency, workers=args.workers, quiet=True,
+                                          c2pa=SigningCredentials.from_options(args.c2pa_cert, args.c2pa_key, {})))
     wall = time.perf_counter() - started
     own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"tasks": args.tasks, "concurrency": args.concurrency, "workers": args.workers, "calls": summary.api_calls,
             "cache_hits": summary.cache_hits, "wall": wall, "imports": imports, "run_seconds": summary.seconds,
             "client_cpu": sum(u.ru_utime + u.ru_stime for u in (own, workers)),
             "peak_rss_mb": max(own.ru_maxrss, workers.ru_maxrss) / 1024, "statuses": dict(summary.statuses)}
+
+
+@contextlib.contextmanager
+def fake_gemini_and_workdir(latency: float, name: str):
+    """(base URL, work folder): the fake Gemini server (echo engine) in its own process, which shares the CPUs as
+    a remote server would not, and a scratch folder; both gone afterwards."""
+    work = Path(tempfile.mkdtemp(prefix=f"medbanana-bench-{name}-"))
+    fake = subprocess.Popen([sys.executable, "-m", "medbanana.generation.testing.fake_gemini", "--engine", "echo",
+                             "--latency", str(latency)], stdout=subprocess.PIPE, text=True)
+    try:
+        yield fake.stdout.readline().rsplit(" ", 1)[1].strip(), work
+    finally:
+        fake.terminate()
+        fake.wait()
+        shutil.rmtree(work)
 
 
 def main() -> None:
@@ -83,17 +101,15 @@ def main() -> None:
     ap.add_argument("--sources", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
+    ap.add_argument("--c2pa-cert", help=argparse.SUPPRESS)  # bench_c2pa.py: the same run, signed
+    ap.add_argument("--c2pa-key", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         args.tasks, args.concurrency, args.workers = args.tasks[0], args.concurrency[0], args.workers[0]
         print(json.dumps(run_one(args)))
         return
 
-    work = Path(tempfile.mkdtemp(prefix="medbanana-bench-gemini-"))
-    fake = subprocess.Popen([sys.executable, "-m", "medbanana.generation.testing.fake_gemini", "--engine", "echo",
-                             "--latency", str(args.latency)], stdout=subprocess.PIPE, text=True)
-    try:
-        base_url = fake.stdout.readline().rsplit(" ", 1)[1].strip()
+    with fake_gemini_and_workdir(args.latency, "gemini") as (base_url, work):
         sources = make_sources(work / "sources", max(args.tasks))
         print(f"fake Gemini (echo engine, {args.latency} s per call) at {base_url}; sources: "
               f"{'released samples' if SAMPLES.is_dir() else 'synthetic'} 1024x1024 JPEGs; "
@@ -114,10 +130,6 @@ def main() -> None:
                   f"{tasks / r['wall']:>8.2f} {bound:>8.1f} {bound / r['wall']:>6.2f} {1000 * cpu_per_call:>11.1f} "
                   f"{cap:>8.2f} {r['peak_rss_mb']:>11.0f} {r['imports']:>8.1f}", flush=True)
             shutil.rmtree(out)
-    finally:
-        fake.terminate()
-        fake.wait()
-        shutil.rmtree(work)
 
 
 if __name__ == "__main__":

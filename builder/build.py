@@ -22,7 +22,7 @@ import queue
 import shutil
 import traceback
 import warnings
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,7 +38,7 @@ from .output import BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_int
 from .paper import EVAL_EXTRA, require_matplotlib, save_figure3
 from .parquet import ShardedParquetWriter, finalize_shards
 from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
-from .runs import Unit, discover_units, read_tasks, recorded_max_rounds, task_keys, unit_size
+from .runs import Unit, discover_units, read_tasks, recorded_max_rounds, recorded_signing, task_keys, unit_size
 from .safety import POLICIES, Confined, Refused
 from .sources import SourceIndex
 from .stats import BuildStats
@@ -129,7 +129,8 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
                     f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{refused_note(stats)}")
             card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
                                max_rounds=max_rounds, test_fraction=test_fraction,
-                               sources=sources, build_note=note, figure=figure)
+                               sources=sources, build_note=note, figure=figure,
+                               signing=_signing(units))
             (staging / README).write_text(card, encoding="utf-8")
             write_manifest(staging, final_digests)
             move_into_place(staging, out)
@@ -361,6 +362,12 @@ def _message(exc: Exception) -> str:
     if isinstance(exc, Refused):
         text += " (`--unsafe skip` leaves such inputs out and lists them in medbanana-build.json)"
     return text
+
+
+def _signing(units: list[Unit]) -> dict[str, int]:
+    """Certificate fingerprint -> runs that signed their images with it (C2PA), for the card."""
+    fingerprints = [recorded_signing(run_dir) for run_dir in sorted({u.run_dir for u in units})]
+    return dict(sorted(Counter(f for f in fingerprints if f).items()))
 
 
 def _max_rounds(units: list[Unit], stats: BuildStats | None) -> int:

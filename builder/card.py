@@ -93,7 +93,8 @@ def front_matter(stats: BuildStats, present: dict[str, list[str]]) -> str:
 
 
 def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[str]], *, max_rounds: int,
-                test_fraction: float, sources: dict | None, build_note: str, figure: str | None) -> str:
+                test_fraction: float, sources: dict | None, build_note: str, figure: str | None,
+                signing: dict[str, int] | None = None) -> str:
     """`configs`: what was asked for; `present`: those with rows -> their non-empty splits; `sources`: how many
     tasks got their source image (`BuildStats.source_counts`), None when none were asked for; `figure`: Figure
     3's file name beside the card, or None when it was not drawn."""
@@ -116,7 +117,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
                        "the source id, so that no source image is in both splits." if test_fraction > 0 else
                        "Splits: everything is in `train`."),
         "paper_section": paper_section(stats, figure), "rounds_table": _rounds_table(stats),
-        "disease_table": _disease_table(stats), "mark_note": _mark_note(stats),
+        "disease_table": _disease_table(stats), "mark_note": _mark_note(stats) + signing_note(signing, len(runs)),
         "pair_count": f"{pairs:,}" if "dpo_pairs" in configs else "not built",
         "no_pair_text": no_pair,
         "missing_note": (f"**Missing images:** {stats.missing_images:,} image files named by the run's JSON were not "
@@ -224,6 +225,28 @@ def _mark_note(stats: BuildStats) -> str:
                 "Med-Banana-50K release): they are synthetic all the same.")
         head += " The marked ones:" if lines else ""
     return "\n".join([head, "", *lines]) if lines else head
+
+
+def signing_note(signing: dict[str, int] | None, runs: int) -> str:
+    """The card's paragraph on C2PA Content Credentials ('' when no run signed its images, so an unsigned build's
+    card is as before). `signing`: certificate SHA-256 -> runs signed with it."""
+    if not signing:
+        return ""
+    signed = sum(signing.values())
+    certificates = "\n".join(f"- `{fingerprint}` ({n} run(s))" for fingerprint, n in signing.items())
+    return (
+        "\n\n**Signed Content Credentials (C2PA).** "
+        + ("The runs behind this build signed every image they wrote" if signed >= runs else
+           f"{signed} of the {runs} runs behind this build signed every image they wrote; the others did not")
+        + ": each carries a C2PA manifest (actions `c2pa.created` and `c2pa.edited` with the IPTC digital source "
+        "type, the model ids, and an `org.medbanana.provenance` assertion with the run id, task uid, round and the "
+        "SHA-256 of the instruction and of the source image, never the source itself) whose signature covers the "
+        "image bytes: one changed pixel makes it invalid, a stripped manifest shows as missing. Signing "
+        "certificate SHA-256 fingerprint(s):\n\n" + certificates + "\n\n"
+        "Check them with `medbanana verify DIR --c2pa --trust CA.pem` (`pip install 'medbanana[c2pa]'`; CA.pem is "
+        "the publisher's CA certificate: compare its signing certificate's fingerprint with the one above), with "
+        "`c2patool IMAGE.jpg`, or in Python with c2pa-python: `c2pa.Reader(\"image/jpeg\", io.BytesIO(data))"
+        ".get_validation_state()` is `Valid` (`Trusted` when the CA is given as a trust anchor).")
 
 
 def refused_note(stats: BuildStats) -> str:

@@ -65,10 +65,23 @@ def register(subparsers) -> None:
     upload.set_defaults(func=run_upload)
 
     verify = subparsers.add_parser(
-        "verify", help="check a built dataset folder against its SHA256SUMS",
+        "verify", help="check a built dataset folder against its SHA256SUMS (and its images' C2PA signatures)",
         description="Recompute the SHA-256 of every file listed in DIR/SHA256SUMS; report missing, changed and "
-                    "unlisted files. Exit code 0 when everything matches, 1 otherwise.")
-    verify.add_argument("folder", type=Path, metavar="DIR", help="a folder made by `medbanana build`")
+                    "unlisted files. With --c2pa, also read back the C2PA Content Credentials of every generated "
+                    "image in DIR's parquet files (or, with --run, of every image in a run directory) and count "
+                    "them valid / untrusted / invalid / missing, naming the rows (pip install 'medbanana[c2pa]'). "
+                    "Exit code 0 when everything matches, 1 otherwise.")
+    verify.add_argument("folder", type=Path, metavar="DIR", nargs="?", help="a folder made by `medbanana build`")
+    verify.add_argument("--c2pa", action="store_true",
+                        help="check each generated image's C2PA manifest: 'invalid' when a hash or the signature "
+                             "does not match (e.g. one pixel changed), 'missing' when it has none")
+    verify.add_argument("--trust", type=Path, metavar="CA.pem",
+                        help="trust anchors (PEM), e.g. `keys init`'s ca.pem: an image whose signer does not chain "
+                             "to one counts as 'untrusted' (implies --c2pa; without it the signer is not checked)")
+    verify.add_argument("--run", type=Path, metavar="RUN_DIR",
+                        help="check the images of this run directory (implies --c2pa)")
+    verify.add_argument("--workers", type=int, metavar="N",
+                        help="processes reading manifests (default: one per CPU)")
     verify.set_defaults(func=run_verify)
 
 
@@ -137,10 +150,41 @@ def run_upload(args) -> int:
 def run_verify(args) -> int:
     from .manifest import verify_manifest
 
-    try:
-        report = verify_manifest(args.folder)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"medbanana verify: error: {exc}", file=sys.stderr)
-        return 1
-    print(report.describe())
-    return 0 if report.ok else 1
+    if args.folder is None and args.run is None:
+        print("medbanana verify: error: give a dataset folder DIR, or --run RUN_DIR", file=sys.stderr)
+        return 2
+    ok = True
+    if args.folder is not None:
+        try:
+            report = verify_manifest(args.folder)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"medbanana verify: error: {exc}", file=sys.stderr)
+            if not (args.c2pa or args.trust):
+                return 1
+            ok = False  # the images' signatures can still be checked
+        else:
+            print(report.describe())
+            ok = report.ok
+    if args.c2pa or args.trust or args.run:
+        ok = _verify_c2pa(args) and ok
+    return 0 if ok else 1
+
+
+def _verify_c2pa(args) -> bool:
+    from .c2pa_check import dataset_images, run_images, verify_c2pa
+
+    ok = True
+    for label, target, images in (("dataset", args.folder, dataset_images), ("run", args.run, run_images)):
+        if target is None or (label == "dataset" and not (args.c2pa or args.trust)):
+            continue
+        if not Path(target).is_dir():
+            print(f"medbanana verify: error: {target} is not a folder", file=sys.stderr)
+            return False
+        try:
+            report = verify_c2pa(images(target), trust=args.trust, workers=args.workers)
+        except ImportError as exc:
+            print(f"medbanana verify: {exc}", file=sys.stderr)
+            return False
+        print(f"{label} {target}: " + report.describe())
+        ok = report.ok and ok
+    return ok

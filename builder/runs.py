@@ -226,6 +226,18 @@ def recorded_max_rounds(run_dir: Path, refused=None) -> int | None:
     return value
 
 
+def recorded_signing(run_dir: Path) -> str | None:
+    """The SHA-256 fingerprint of the certificate a run of ours signed its images with (medbanana-run.json's
+    `c2pa`), None when it did not sign or records nothing readable (the card then says nothing of signing)."""
+    try:
+        path = inside(run_dir, layout.RUN_CONFIG, f"the run directory {run_dir}")
+        value = (json.loads(path.read_bytes()).get("c2pa") or {}).get("certificate_sha256")
+    except (Refused, ValueError, AttributeError, OSError):
+        return None
+    return value if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value) \
+        else None
+
+
 def block_of(items: list, part: int, parts: int) -> list:
     return items[len(items) * part // parts: len(items) * (part + 1) // parts]
 

@@ -9,9 +9,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation")
 
 # area -> the areas it may import (besides itself). The generation base is records, taxonomy, prompts, files and
-# secrets; then records/taxonomy/prompts <- backends <- loop <- runners <- commands, with the run directory's
+# secrets (and extras); then records/taxonomy/prompts <- backends <- loop <- runners <- commands, with the run directory's
 # contract (rundir) and the sources below the runners; the builder reads run directories, evaluation reads both.
-BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "generation.files", "generation.secrets"}
+BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "generation.files", "generation.secrets",
+        "generation.extras"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,

@@ -20,21 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ..extras import require
 from .base import APIError, Editor
 from ..records import EditedImage, SourceImage, Task, encode_jpeg
 
-PIP_HINT = "pip install 'medbanana[train]'"
 INSTRUCTION_PIPELINES = ("StableDiffusionInstructPix2PixPipeline", "StableDiffusionXLInstructPix2PixPipeline")
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 
 
 def _import_torch_diffusers():
-    try:
-        import diffusers
-        import torch
-    except ImportError as exc:
-        raise ImportError(f"the diffusers editor needs torch and diffusers: {PIP_HINT}") from exc
-    return torch, diffusers
+    return require("torch", "diffusers", needed_for="the diffusers editor", extra="train")
 
 
 def hub_offline() -> bool:

@@ -18,6 +18,7 @@ import base64
 import os
 import re
 
+from ..extras import require
 from .base import APIError, InstructionWriter, Judge
 from ..prompts import (WRITER_PROMPTS, JudgeAnswer, clean_instruction, judge_prompt, load_prompt,
                        parse_verdict_tolerant, verdict_from_answer, writer_prompt)
@@ -30,16 +31,11 @@ __all__ = ["OpenAIJudge", "OpenAITransport", "OpenAIWriter", "parse_verdict_tole
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 NO_KEY = "not-needed"  # the client insists on a key; servers without authentication ignore it
-PIP_HINT = "pip install 'medbanana[openai]'"
 THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
 def _import_openai():
-    try:
-        import openai
-    except ImportError as exc:
-        raise ImportError(f"the openai backend needs the openai client: {PIP_HINT}") from exc
-    return openai
+    return require("openai", needed_for="the openai backend", extra="openai")
 
 
 def classify_openai(exc: BaseException) -> CallFailure:

@@ -74,9 +74,12 @@ def cmd_generate(args) -> int:
         print("medbanana generate: --workers is for API backends; with --batch one process submits everything, "
               "and a diffusers editor would load its model once per worker", file=sys.stderr)
         return 2
+    c2pa = signing_credentials(args.c2pa_cert, args.c2pa_key)
+    if isinstance(c2pa, int):
+        return c2pa
     options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
                          accept=args.accept, retry_failed=bool(args.retry_failed), shard=args.shard,
-                         workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels)
+                         workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels, c2pa=c2pa)
     summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, spec=spec,
                        options=options, limit=args.limit,
                        batch={"poll_interval": args.poll_interval} if args.batch else None)
@@ -84,6 +87,23 @@ def cmd_generate(args) -> int:
     from ...evaluation.failures import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
 
     return generate_exit_code(summary)
+
+
+def signing_credentials(cert: Path | None, key: Path | None):
+    """SigningCredentials from the options or the environment, None (no signing), or an exit code after a line on
+    stderr (c2pa-python missing). Bad paths raise SigningError, a ValueError: the CLI prints it as one line."""
+    from ..rundir.signing import SigningCredentials, require_c2pa
+
+    credentials = SigningCredentials.from_options(cert, key)
+    if credentials is not None:
+        try:
+            require_c2pa()
+            import cryptography  # noqa: F401 (reads the certificate)
+        except ImportError:
+            print("medbanana generate: C2PA signing needs c2pa-python and cryptography: "
+                  "pip install 'medbanana[c2pa]'", file=sys.stderr)
+            return 2
+    return credentials
 
 
 def cmd_merge(args) -> int:
@@ -174,6 +194,17 @@ def register(sub) -> None:
                         "when the client's CPU is the limit: many calls in flight to a fast endpoint; each worker "
                         "costs ~1 s to start. The run directory is written by this process alone")
     p.add_argument("--limit", type=int, help="only the first N tasks (for a quick try)")
+    g = p.add_argument_group(
+        "signed provenance (C2PA Content Credentials; pip install 'medbanana[c2pa]')",
+        "With a certificate and its key, every image written (accepted and rejected) carries a signed C2PA manifest "
+        "bound to its bytes: the IPTC digital source type, the model ids, the run id, task uid, round, and the "
+        "SHA-256 of the instruction and of the source image (never the source itself). The run records the "
+        "certificate's SHA-256 fingerprint, never the key; resume with the same certificate. `medbanana keys init "
+        "DIR` makes a local CA and a signing certificate; `medbanana verify DATASET --c2pa` checks the images.")
+    g.add_argument("--c2pa-cert", type=Path, metavar="CHAIN.pem",
+                   help="signing certificate, then its issuers, PEM (default: $MEDBANANA_C2PA_CERT)")
+    g.add_argument("--c2pa-key", type=Path, metavar="KEY.pem",
+                   help="the signing certificate's private key, unencrypted PEM (default: $MEDBANANA_C2PA_KEY)")
     p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
                    help="a source with more pixels than this (width x height, read from its header before "
                         "decoding) ends its tasks as source errors (default %(default)s, as `prepare --max-pixels`; "

@@ -60,7 +60,7 @@ class ProvenanceMark:
 
 
 @lru_cache(maxsize=1)
-def _creator_tool() -> str:
+def creator_tool() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -100,7 +100,7 @@ def xmp_packet(run_id: str, models: dict[str, str] | None = None, *, source_type
         f'\n    xmlns:dc="{NS["dc"]}"\n    xmlns:xmp="{NS["xmp"]}"'
         f'\n    xmlns:Iptc4xmpExt="{NS["Iptc4xmpExt"]}"\n    xmlns:medbanana="{NS["medbanana"]}"'
         f'\n    Iptc4xmpExt:DigitalSourceType={quoteattr(IPTC_DST_PREFIX + source_type)}'
-        f'\n    xmp:CreatorTool={quoteattr(_creator_tool())}{attrs}>\n'
+        f'\n    xmp:CreatorTool={quoteattr(creator_tool())}{attrs}>\n'
         f'   <dc:description><rdf:Alt><rdf:li xml:lang="x-default">{escape(note, _TEXT_ENTITIES)}</rdf:li></rdf:Alt>'
         '</dc:description>\n'
         '  </rdf:Description>\n </rdf:RDF>\n</x:xmpmeta>\n<?xpacket end="r"?>')

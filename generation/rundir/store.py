@@ -23,14 +23,14 @@ from pathlib import Path
 
 from . import layout
 from .lock import DirLock
-from .provenance import DEFAULT_SOURCE_TYPE, mark_synthetic, read_mark, xmp_text
+from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
 from .schema import attempt_from_round
 from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
 from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, read_jsonl  # noqa: F401 (re-exported)
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
-IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed")
+IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed", "c2pa")
 ORPHANS = "medbanana-orphans"  # images on opening that no journal line names and this run did not write
 
 
@@ -44,9 +44,15 @@ def read_journal(path: Path) -> list[dict]:
 
 
 class RunStore:
-    def __init__(self, run_dir: Path, config: dict):
+    def __init__(self, run_dir: Path, config: dict, signer=None):
+        """`signer` (a signing.ImageSigner) signs every image written with a C2PA manifest; the run records its
+        certificate's fingerprint, and reopening it with another certificate, or none, is refused."""
         self.run_dir = Path(run_dir)
         self.config = {"format_version": FORMAT_VERSION, **config}
+        self.signer = signer
+        if signer is not None:
+            self.config["c2pa"] = signer.describe()
+        self._source_sha256: dict[str, str] = {}  # source path -> SHA-256, named in each signed image
         self.finished: dict[str, dict] = {}  # uid -> task record (last journal line wins)
         self.partial: dict[str, dict[int, dict]] = defaultdict(dict)  # uid -> round -> round json
         self.reopened: set[str] = set()  # finished as api_failed, with rounds journalled after that: to continue
@@ -69,6 +75,7 @@ class RunStore:
         cfg_path = self.run_dir / layout.RUN_CONFIG
         if cfg_path.exists():
             old = json.loads(cfg_path.read_text())
+            _check_signing(self.run_dir, old.get("c2pa"), self.config.get("c2pa"))
             diffs = [f"{k}: was {old.get(k)!r}, now {self.config.get(k)!r}" for k in IDENTITY_KEYS
                      if old.get(k) != self.config.get(k)]
             if diffs:
@@ -189,10 +196,29 @@ class RunStore:
             marked = mark_synthetic(image.data, self.config["run_id"], self.config.get("models"),
                                     source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE),
                                     extra={"Task": task.uid, "Round": str(attempt.round)})
+            if self.signer is not None:  # after the mark: the signature covers the final bytes
+                marked = self.signer.sign(marked, self._manifest(task, attempt))
             atomic_write_bytes(self.run_dir / attempt.image_relpath, marked)
         raw = attempt.to_round_json()
         self.partial[task.uid][attempt.round] = raw
         self._append({"type": "round", "uid": task.uid, "round": raw})
+
+    def _manifest(self, task: Task, attempt: Attempt) -> dict:
+        from .signing import image_manifest, sha256_hex
+
+        source = str(task.source_path)
+        if source not in self._source_sha256:
+            if len(self._source_sha256) > 4096:  # a task's rounds come together; old entries are not needed
+                self._source_sha256.clear()
+            self._source_sha256[source] = sha256_hex(Path(source).read_bytes())
+        provenance = {"run_id": self.config["run_id"], "task_uid": task.uid, "round": attempt.round,
+                      "accepted": bool(attempt.accepted), "direction": task.direction, "disease": task.disease,
+                      "instruction_sha256": sha256_hex(attempt.instruction.text.encode("utf-8")),
+                      "source_sha256": self._source_sha256[source]}
+        return image_manifest(title=Path(attempt.image_relpath).name,
+                              source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE),
+                              models=self.config.get("models") or {}, generator=creator_tool(),
+                              provenance=provenance)
 
     def finish_task(self, outcome: TaskOutcome, extra: dict | None = None) -> dict:
         record = conversation_record(outcome, self.run_dir, self.config, extra or {})
@@ -235,6 +261,22 @@ class RunStore:
                      "final_image_path": r["final_image_path"], "full_conversation": _public(r)} for r in failed])
         self._last_materialized = time.monotonic()
         self._dirty = False
+
+
+def _check_signing(run_dir: Path, recorded: dict | None, given: dict | None) -> None:
+    """A run is signed throughout with one certificate, or not at all."""
+    was = (recorded or {}).get("certificate_sha256")
+    now = (given or {}).get("certificate_sha256")
+    if was == now:
+        return
+    if was is None:
+        raise RunConfigMismatch(f"{run_dir} was started without C2PA signing; resume it without --c2pa-cert/"
+                                f"--c2pa-key (and their environment variables), or sign a new run with --out")
+    if now is None:
+        raise RunConfigMismatch(f"{run_dir} signs its images with the certificate of SHA-256 {was}; resume it "
+                                f"with the same --c2pa-cert and --c2pa-key (or their environment variables)")
+    raise RunConfigMismatch(f"{run_dir} signs its images with the certificate of SHA-256 {was}, not {now}; "
+                            f"resume it with that certificate, or sign a new run with --out")
 
 
 def _public(record: dict) -> dict:

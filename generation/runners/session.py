@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from ..files import atomic_write_json
 from ..records import DEFAULT_MAX_PIXELS, Task, TaskOutcome
 from ..rundir import layout
+from ..rundir.signing import SigningCredentials
 from ..rundir.store import ORPHANS, RunStore
 
 
@@ -35,6 +36,7 @@ class RunOptions:
     max_pixels: int = DEFAULT_MAX_PIXELS  # larger sources are source errors, refused from their header
     materialize_every: float = 30.0
     quiet: bool = False
+    c2pa: SigningCredentials | None = None  # sign every image written (rundir/signing.py); paths only, no key
 
 
 @dataclass
@@ -106,8 +108,13 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
     """Open (lock, replay, reconcile) the run directory and pick this invocation's tasks: its shard, minus finished
     ones, plus api_failed ones with retry_failed or with rounds journalled after their record (a killed retry).
     Close with `close_run`."""
+    signer = None
+    if options.c2pa is not None:  # built in this process: the one that writes every image, --workers or not
+        from ..rundir.signing import ImageSigner
+
+        signer = ImageSigner(options.c2pa)
     store = RunStore(run_dir, {"max_rounds": options.max_rounds, "accept": options.accept, "seed": options.seed,
-                               **(config or {})}).open()
+                               **(config or {})}, signer=signer).open()
     summary = RunSummary(Path(run_dir), reconciled=Counter(store.reconciled))
     mine = [t for t in tasks if in_shard(t, options.shard)]
     summary.tasks = len(mine)

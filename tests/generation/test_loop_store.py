@@ -1,10 +1,8 @@
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from medbanana.generation.records import SourceImage, Verdict
 from medbanana.generation.runners.local import RunOptions, run
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.rundir.store import RunConfigMismatch, read_journal
+from kills import kill_repeatedly
 from paths import TESTS
 
 
@@ -135,18 +134,9 @@ def test_killed_and_resumed_run_loses_and_duplicates_nothing(tiny_sources, tmp_p
     script = tmp_path / "go.py"
     script.write_text(KILL_SCRIPT.format(tests=str(TESTS), sources=str(tiny_sources), out=str(out)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    kills = 0
-    for _ in range(6):  # kill at varied points: after 2..7 more journal lines each time
-        before = len(read_journal(out / layout.JOURNAL))
-        proc = subprocess.Popen([sys.executable, str(script)], env=env)
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            if len(read_journal(out / layout.JOURNAL)) >= before + 2 + kills:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-                break
-            time.sleep(0.005)
-        proc.wait()
+    # kill at varied points: after 2..7 more journal lines each time
+    kills = kill_repeatedly(lambda: subprocess.Popen([sys.executable, str(script)], env=env), out / layout.JOURNAL,
+                            tries=6)
     assert subprocess.run([sys.executable, str(script)], env=env).returncode == 0
     assert kills >= 4
     tasks = scan_sources(tiny_sources)
