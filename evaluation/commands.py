@@ -47,6 +47,7 @@ def register(subparsers) -> None:
                         "disease words' cross-attention with the target region and the mislocalisation rate per "
                         "disease (attention.json)")
     _add_judge_options(p, default="simulator", allow_none=True)
+    _add_probe_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_eval)
 
@@ -91,6 +92,31 @@ def _add_input_options(p, default_config: str = "sft") -> None:
     p.set_defaults(default_config=default_config)
 
 
+def _add_probe_options(p) -> None:
+    g = p.add_argument_group("realism and counterfactual probes (pip install 'medbanana[probes]'; README: Probes)")
+    g.add_argument("--separability", action="store_true",
+                   help="can a logistic regression on weight-free forensics features tell real sources from edits? "
+                        "AUROC (0.5 = indistinguishable) with a 95%% interval, grouped k-fold by source image, "
+                        "raw and controlled (both sides re-encoded alike), per modality and direction; with "
+                        "--all-attempts rejected edits get their own rows. Writes separability.{md,csv,json,png}")
+    g.add_argument("--probe-size", type=int, default=256, metavar="PX",
+                   help="analysis size of the separability features and of the controlled re-encoding (default 256)")
+    g.add_argument("--probe-quality", type=int, default=90, metavar="Q",
+                   help="JPEG quality of the controlled re-encoding (default 90)")
+    g.add_argument("--probe-workers", type=int, metavar="N", help="feature worker processes (default: all cores)")
+    g.add_argument("--probe-features", metavar="SPEC",
+                   help="also probe on pretrained embeddings: timm:NAME (weights downloaded at run time), "
+                        "timm:FOLDER (saved by timm) or open_clip:MODEL/PRETRAINED; rows marked with SPEC")
+    g.add_argument("--classifier", metavar="SPEC",
+                   help="counterfactual validity: torchxrayvision:WEIGHTS (chest X-ray, e.g. "
+                        "torchxrayvision:densenet121-res224-all; pip install 'medbanana[probes-xray]') or a "
+                        "transformers image-classification checkpoint folder / Hub id with id2label; reports the "
+                        "change of the target finding's probability, the share crossing --threshold and the change "
+                        "of the other findings per disease and direction. Writes counterfactual.{md,csv,json,png}")
+    g.add_argument("--threshold", type=float, default=0.5, metavar="P",
+                   help="probability threshold for the crossing share (default 0.5)")
+
+
 def _add_judge_options(p, *, default: str, allow_none: bool, temperature: float | None = None) -> None:
     g = p.add_argument_group("judge (gemini: key from GEMINI_API_KEY or GOOGLE_API_KEY)")
     names = backends.available("judge") + (["none"] if allow_none else [])
@@ -126,8 +152,79 @@ def run_eval(args) -> int:
     attempts = "all" if args.all_attempts else "accepted"
     make_samples = _samples(args, attempts)
     samples = make_samples()  # input errors surface here, before anything is written
+    try:
+        probes = _probe_prerequisites(args)
+    except ImportError as exc:
+        print(f"medbanana eval: error: {exc}", file=sys.stderr)
+        return 2
     with hold_lock(args.out, "evaluation folder"):  # one writer: two evals would both append to samples.jsonl
-        return _evaluate_into_out(args, samples, attempts)
+        code = _evaluate_into_out(args, samples, attempts)
+        if args.separability or args.classifier:
+            _run_probes(args, make_samples, *probes)
+        return code
+
+
+def _probe_prerequisites(args) -> tuple:
+    """(classifier, embedder): dependencies checked and models loaded before any sample is scored."""
+    classifier = embedder = None
+    if args.probe_features and not args.separability:
+        raise ValueError("--probe-features applies to --separability")
+    if args.separability:
+        from .separability import require_sklearn
+
+        require_sklearn()
+        if args.probe_size < 32 or not 1 <= args.probe_quality <= 100:
+            raise ValueError("--probe-size is at least 32 and --probe-quality between 1 and 100")
+        if args.probe_features:
+            from .probe_embeddings import load_embedder
+
+            embedder = load_embedder(args.probe_features)
+    if args.classifier:
+        if not 0 < args.threshold < 1:
+            raise ValueError(f"--threshold is a probability between 0 and 1, not {args.threshold}")
+        from .classifiers import load_classifier
+
+        classifier = load_classifier(args.classifier)
+    return classifier, embedder
+
+
+def _run_probes(args, make_samples, classifier, embedder) -> None:
+    from tqdm import tqdm
+
+    from .probe_report import write_probe_outputs
+
+    def limited():
+        samples = make_samples()
+        return itertools.islice(samples, args.limit) if args.limit is not None else samples
+
+    separability = counterfactual = None
+    if args.separability:
+        from .probe_features import FeatureSettings
+        from .separability import run_separability
+
+        with tqdm(disable=args.quiet, unit="image", desc="separability features") as bar:
+            separability = run_separability(limited(), workers=args.probe_workers, embedder=embedder,
+                                            settings=FeatureSettings(args.probe_size, args.probe_quality),
+                                            progress=bar.update)
+        for row in separability["rows"]:
+            print(f"separability [{row['features']}] {row['modality']} {row['direction']} {row['comparison']}: "
+                  f"AUROC raw {_fmt(row['auroc_raw'])}, controlled {_fmt(row['auroc_controlled'])} "
+                  f"({row['real']:,} vs {row['compared']:,} images, {row['sources']:,} sources)")
+    if classifier is not None:
+        from .counterfactual import run_counterfactual
+
+        with tqdm(disable=args.quiet, unit="edit", desc="counterfactual") as bar:
+            counterfactual = run_counterfactual(limited(), classifier, threshold=args.threshold, progress=bar.update)
+        for row in counterfactual["rows"]:
+            print(f"counterfactual {row['modality']} {row['disease']} {row['direction']}: {row['edits']:,} edits, "
+                  f"mean delta {row['mean_delta']:+.3f}, crossed {row['crossed']:.1%}, other change "
+                  f"{_fmt(row['other_change'])}")
+    for note in write_probe_outputs(args.out, separability, counterfactual):
+        print(note, file=sys.stderr)
+
+
+def _fmt(value) -> str:
+    return "–" if value is None else f"{value:.3f}"
 
 
 def _evaluate_into_out(args, samples, attempts: str) -> int:

@@ -10,7 +10,8 @@
 
    Required: id, source, edited, instruction, disease, direction (add | remove). Optional: modality (else from the
    disease), mask (ROI: white = region of interest, grey levels allowed), ground_truth (a reference edit),
-   dataset. Diseases may be folder or display names (``medbanana taxonomy``).
+   dataset, accepted (true | false: the separability probe reports rejected edits apart). Diseases may be folder
+   or display names (``medbanana taxonomy``).
 2. A folder written by ``medbanana build`` and one of its configs holding source and edited images (sft,
    failed, judge); source images come from the rows, or from ``source_images`` when the build left them out.
 3. A run directory, ours or the original scripts' layout (read by ``builder.runs``): the accepted edits, or every
@@ -62,6 +63,7 @@ class Sample:
     ground_truth: ImageRef | None = None
     recorded_verdict: dict | None = None  # the run's or dataset's verdict (VERDICT_FIELDS), when it has one
     problem: str | None = None  # why the sample cannot be scored (a missing image), recorded as its error
+    accepted: bool | None = None  # whether the run accepted this edit, where the input says (None: not said)
 
 
 def sample_id(uid: str, round_no: int | None) -> str:
@@ -139,11 +141,13 @@ def read_samples_file(path: Path) -> list[Sample]:
             raise ValueError(f"{where}: duplicate id {raw['id']!r}")
         seen.add(raw["id"])
         disease, modality = normalise_disease(raw["disease"], raw.get("modality") or None)
+        accepted = str(raw.get("accepted", "")).strip().lower()
         refs = {k: root / raw[k] if raw.get(k) else None for k in ("source", "edited", "mask", "ground_truth")}
         absent = [f"{k} {p}" for k, p in refs.items() if p is not None and not p.is_file()]
         samples.append(Sample(id=str(raw["id"]), dataset=raw.get("dataset") or "eval", modality=modality,
                               disease=disease, direction=raw["direction"], instruction=raw["instruction"],
-                              problem=f"file not found: {'; '.join(absent)}" if absent else None, **refs))
+                              problem=f"file not found: {'; '.join(absent)}" if absent else None,
+                              accepted={"true": True, "1": True, "false": False, "0": False}.get(accepted), **refs))
     if not samples:
         raise ValueError(f"{file}: no samples")
     return samples
@@ -194,10 +198,11 @@ def _row_sample(row: dict, config: str, names: set, sources: SourceIndex | None)
     elif edited is None:
         problem = f"no edited image ({row.get('edit_error') or 'the image file was missing at build time'})"
     verdict = {k: row.get(k) for k in VERDICT_FIELDS}
+    accepted = {"sft": True, "failed": False}.get(config, row.get("accepted"))
     return Sample(id=sample_id(row["uid"], round_no), dataset=row["dataset"], modality=row["modality"],
                   disease=row["disease"], direction=row["task"], instruction=row.get("instruction") or "",
                   source=source, edited=edited, problem=problem,
-                  recorded_verdict=verdict if verdict["qualified"] is not None else None)
+                  recorded_verdict=verdict if verdict["qualified"] is not None else None, accepted=accepted)
 
 
 # ---------------------------------------------------------------- run directories
@@ -235,7 +240,8 @@ def _run_attempts(units, sources: SourceIndex, attempts: str) -> Iterator[Sample
                              disease=task.disease, direction=task.direction,
                              instruction=attempt.instruction or canonical_prompt(task), source=source,
                              edited=edited, problem=problem,
-                             recorded_verdict=verdict_values(attempt.verdict) if attempt.verdict else None)
+                             recorded_verdict=verdict_values(attempt.verdict) if attempt.verdict else None,
+                             accepted=bool(attempt.accepted))
 
 
 # ---------------------------------------------------------------- a model's outputs on dataset or run tasks

@@ -1,0 +1,258 @@
+"""Separability probe: can a simple classifier tell edited images from real scans?
+
+For each modality and direction (and, when the input holds them, accepted and rejected edits separately) the
+real side is the set of source images those edits started from and the other side the edits. Features come from
+`probe_features` (weight-free forensics statistics, raw and controlled). A standardised logistic regression
+(scikit-learn) is fitted in grouped k-fold cross-validation: a source image and every edit made from it share one
+group, so no source is seen in training and testing. The out-of-fold probabilities give the AUROC; its 95 %
+interval is a percentile bootstrap that resamples whole groups. 0.5 means indistinguishable, 1.0 perfectly
+separable. A real-vs-real row per modality (the real images split in two at random, by group) shows what chance
+looks like on the same data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import itertools
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import rankdata
+
+from .inputs import ImageRef, Sample, image_bytes
+from .probe_features import FeatureSettings, image_features
+
+FOLDS = 5
+CHUNK = 1024  # images whose bytes may be in memory at once
+BOOTSTRAP = 1000
+
+
+def require_sklearn():
+    try:
+        import sklearn  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("the separability probe needs scikit-learn: pip install 'medbanana[probes]'") from exc
+
+
+# ---------------------------------------------------------------- the statistics
+
+def auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
+    """Area under the ROC curve (Mann-Whitney, ties counted half); None without both classes."""
+    labels = np.asarray(labels).astype(bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if not n_pos or not n_neg:
+        return None
+    ranks = rankdata(scores)
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def grouped_bootstrap_interval(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, *,
+                               repeats: int = BOOTSTRAP, seed: int = 0) -> tuple[float | None, float | None]:
+    """95 % percentile interval of the AUROC when whole groups are drawn with replacement."""
+    _, group_index = np.unique(groups, return_inverse=True)
+    members = [np.flatnonzero(group_index == g) for g in range(group_index.max() + 1)]
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(repeats):
+        chosen = np.concatenate([members[g] for g in rng.integers(0, len(members), len(members))])
+        value = auroc(scores[chosen], labels[chosen])
+        if value is not None:
+            values.append(value)
+    if not values:
+        return None, None
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def out_of_fold_scores(features: np.ndarray, labels: np.ndarray, groups: np.ndarray,
+                       folds: int = FOLDS) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Probability of label 1 for every row, each from a model that never saw the row's group; and the
+    (train, test) index splits used."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GroupKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    features = np.nan_to_num(np.asarray(features, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    splits = list(GroupKFold(n_splits=min(folds, len(np.unique(groups)))).split(features, labels, groups))
+    scores = np.full(len(labels), np.nan)
+    for train, test in splits:
+        if len(np.unique(labels[train])) < 2:  # a fold whose training part has one class: no model, chance
+            scores[test] = 0.5
+            continue
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+        model.fit(features[train], labels[train])
+        scores[test] = model.predict_proba(features[test])[:, 1]
+    return scores, splits
+
+
+@dataclass
+class ProbeResult:
+    auroc: float | None
+    low: float | None
+    high: float | None
+    scores: np.ndarray = field(repr=False)
+
+
+def probe(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, *, folds: int = FOLDS,
+          repeats: int = BOOTSTRAP, seed: int = 0) -> ProbeResult:
+    """Grouped cross-validated AUROC with its grouped-bootstrap 95 % interval."""
+    labels, groups = np.asarray(labels).astype(int), np.asarray(groups)
+    if len(np.unique(groups)) < 2 or len(np.unique(labels)) < 2:
+        return ProbeResult(None, None, None, np.full(len(labels), np.nan))
+    scores, _ = out_of_fold_scores(features, labels, groups, folds)
+    low, high = grouped_bootstrap_interval(scores, labels, groups, repeats=repeats, seed=seed)
+    return ProbeResult(auroc(scores, labels), low, high, scores)
+
+
+# ---------------------------------------------------------------- images from samples
+
+@dataclass
+class ProbeImage:
+    key: str  # a source's identity (its path or content hash) or an edit's sample id
+    ref: ImageRef | None  # dropped once the image's features are computed
+    role: str  # real | accepted | rejected
+    group: str  # the source image's key: an edit and its source share it
+    modality: str
+    direction: str
+    sample_id: str | None = None
+
+
+def _ref_key(ref: ImageRef) -> str:
+    if isinstance(ref, bytes):
+        return "sha1:" + hashlib.sha1(ref).hexdigest()
+    return str(Path(ref).resolve())
+
+
+def collect_images(samples: Iterable[Sample]) -> Iterator[ProbeImage]:
+    """Edits (accepted or rejected) and each distinct source once per modality and direction."""
+    seen_sources: set[tuple] = set()
+    for sample in samples:
+        if sample.problem or sample.source is None or sample.edited is None:
+            continue
+        modality = sample.modality or "unknown"
+        group = _ref_key(sample.source)
+        if (group, modality, sample.direction) not in seen_sources:
+            seen_sources.add((group, modality, sample.direction))
+            yield ProbeImage(group, sample.source, "real", group, modality, sample.direction)
+        role = "rejected" if sample.accepted is False else "accepted"
+        yield ProbeImage(sample.id, sample.edited, role, group, modality, sample.direction, sample.id)
+
+
+def _features_of(job: tuple[ImageRef, FeatureSettings]) -> tuple[np.ndarray, np.ndarray] | str:
+    ref, settings = job
+    try:
+        return image_features(image_bytes(ref), settings)
+    except Exception as exc:  # noqa: BLE001 — an unreadable image is left out and counted, the probe goes on
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _batched(items: Iterable, n: int) -> Iterator[list]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, n)):
+        yield chunk
+
+
+def extract_features(images: Iterable[ProbeImage], settings: FeatureSettings, workers: int | None = None,
+                     embedder=None, progress=None) -> tuple[list[ProbeImage], list[list]]:
+    """The images and, per feature set (weight-free, then the embedder's), each image's (raw, controlled) vectors
+    or its error's text. Worker processes when `workers` > 1; images go through in chunks and each chunk's refs
+    are dropped once done, so a dataset's embedded image bytes are never all in memory."""
+    workers = workers or os.cpu_count() or 1
+    kept: list[ProbeImage] = []
+    feature_sets: list[list] = [[]] + ([[]] if embedder is not None else [])
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        for chunk in _batched(images, CHUNK):
+            jobs = [(image.ref, settings) for image in chunk]
+            found = pool.map(_features_of, jobs, chunksize=16) if pool else map(_features_of, jobs)
+            for result in found:
+                feature_sets[0].append(result)
+                if progress is not None:
+                    progress()
+            if embedder is not None:
+                feature_sets[1] += embedder.embed([image.ref for image in chunk], settings)
+            for image in chunk:
+                image.ref = None
+            kept += chunk
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return kept, feature_sets
+
+
+# ---------------------------------------------------------------- the probe over an input
+
+def _half(group: str) -> int:
+    """A fixed pseudo-random half for the real-vs-real split (the same on every run)."""
+    return hashlib.sha1(group.encode()).digest()[0] & 1
+
+
+def run_separability(samples: Iterable[Sample], *, settings: FeatureSettings | None = None,
+                     workers: int | None = None, repeats: int = BOOTSTRAP, progress=None, embedder=None) -> dict:
+    """Rows per feature set, modality, direction and kind of edit (plus real vs real per modality), and per-image
+    scores. `embedder` (probe_embeddings.Embedder) adds rows on pretrained features."""
+    require_sklearn()
+    settings = settings or FeatureSettings()
+    images, results = extract_features(collect_images(samples), settings, workers, embedder, progress)
+    feature_sets = list(zip(["weight-free"] + ([embedder.name] if embedder is not None else []), results))
+    rows, per_image, unreadable = [], {}, {}
+    for name, results in feature_sets:
+        unreadable.update({image.key: r for image, r in zip(images, results) if isinstance(r, str)})
+        kept = [(image, r) for image, r in zip(images, results) if not isinstance(r, str)]
+        suffix = "" if name == "weight-free" else "_pretrained"
+        for row, members, labels in _comparisons(kept):
+            row = {"features": name, **row}
+            scores = _probe_row(members, labels, row, repeats)
+            rows.append(row)
+            if row["comparison"] == "real vs real":
+                continue
+            for (image, _), (raw, controlled) in zip(members, zip(*scores)):
+                entry = per_image.setdefault(image.key, {"id": image.key, "role": image.role,
+                                                         "modality": image.modality, "direction": image.direction})
+                entry.update({f"p_edit_raw{suffix}": raw, f"p_edit_controlled{suffix}": controlled})
+    return {"settings": {"size": settings.size, "quality": settings.quality, "folds": FOLDS, "bootstrap": repeats,
+                         "features": [name for name, _ in feature_sets]},
+            "rows": rows, "images": list(per_image.values()),
+            "unreadable": [{"id": key, "error": error} for key, error in unreadable.items()]}
+
+
+def _probe_row(members: list, labels: np.ndarray, row: dict, repeats: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fill `row` with the raw and controlled AUROC and intervals; the out-of-fold scores of both."""
+    groups = np.array([image.group for image, _ in members])
+    scores = []
+    for which, index in (("raw", 0), ("controlled", 1)):
+        result = probe(np.stack([r[index] for _, r in members]), labels, groups, repeats=repeats)
+        row.update({f"auroc_{which}": result.auroc, f"low_{which}": result.low, f"high_{which}": result.high})
+        scores.append(result.scores)
+    return scores[0], scores[1]
+
+
+def _comparisons(kept: list[tuple[ProbeImage, tuple]]):
+    """(row, members, labels) for real vs accepted / rejected per modality and direction, then real vs real."""
+    keys = sorted({(image.modality, image.direction) for image, _ in kept})
+    for modality, direction in keys:
+        here = [(image, r) for image, r in kept if (image.modality, image.direction) == (modality, direction)]
+        real = [m for m in here if m[0].role == "real"]
+        for role in ("accepted", "rejected"):
+            edits = [m for m in here if m[0].role == role]
+            if edits:
+                yield (_row(modality, direction, f"real vs {role}", real, edits), real + edits,
+                       np.array([0] * len(real) + [1] * len(edits)))
+    for modality in sorted({m for m, _ in keys}):
+        real = [(image, r) for image, r in kept if image.modality == modality and image.role == "real"]
+        halves = np.array([_half(image.group) for image, _ in real])
+        if len(real) >= 4 and 0 < halves.sum() < len(real):
+            yield (_row(modality, "all", "real vs real", [m for m, h in zip(real, halves) if not h],
+                        [m for m, h in zip(real, halves) if h]), real, halves)
+
+
+def _row(modality: str, direction: str, comparison: str, real: list, other: list) -> dict:
+    groups = {image.group for image, _ in real + other}
+    # `real` = images of class 0, `compared` = class 1 (edits, or the other half of the real images)
+    return {"modality": modality, "direction": direction, "comparison": comparison, "real": len(real),
+            "compared": len(other), "sources": len(groups)}
