@@ -25,6 +25,7 @@ from typing import Iterator
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
+from pydantic import ValidationError
 
 from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
     parse_retry_after
@@ -40,6 +41,29 @@ def resolve_api_key(api_key: str | None = None) -> str:
     return key.strip()
 
 
+def parse_response(body: str | dict) -> types.GenerateContentResponse:
+    """A generateContent answer (its JSON text, or as `json.loads` made it) as the SDK's type.
+
+    The SDK's types forbid fields they do not know, so the day the API adds one every answer would fail to parse
+    (and be retried as a bad response). Fields the installed SDK does not know are dropped instead, where pydantic
+    names them; any other validation error stands."""
+    try:
+        if isinstance(body, dict):
+            return types.GenerateContentResponse.model_validate(body)
+        return types.GenerateContentResponse.model_validate_json(body)
+    except ValidationError as exc:
+        unknown = [error["loc"] for error in exc.errors() if error["type"] == "extra_forbidden"]
+        if not unknown or len(unknown) < len(exc.errors()):
+            raise
+    data = json.loads(body) if isinstance(body, str) else json.loads(json.dumps(body))
+    for loc in unknown:
+        parent = data
+        for step in loc[:-1]:
+            parent = parent[step]
+        parent.pop(loc[-1], None)
+    return types.GenerateContentResponse.model_validate(data)
+
+
 class RequestCache(ResponseCache):
     """Gemini answers by request (model, contents, config), kept as the JSON the API sent."""
 
@@ -53,7 +77,7 @@ class RequestCache(ResponseCache):
     def get(self, key: str) -> types.GenerateContentResponse | None:
         text = self.read(key)
         try:
-            return None if text is None else types.GenerateContentResponse.model_validate_json(text)
+            return None if text is None else parse_response(text)
         except ValueError:  # a torn or foreign file: ignore it, the call is made again and the file replaced
             return None
 
@@ -172,7 +196,7 @@ def _read_results_file(path: Path) -> Iterator[tuple[str, BatchItem]]:
             if error:
                 yield str(item.get("key", "")), item_failure(error)
             else:
-                yield str(item.get("key", "")), types.GenerateContentResponse.model_validate(item.get("response"))
+                yield str(item.get("key", "")), parse_response(item.get("response"))
     path.unlink()
 
 
@@ -238,7 +262,7 @@ class GeminiTransport(Transport):
             answer = await self._client.aio.models.generate_content(model=model, contents=contents, config=config)
             body = (answer.sdk_http_response.body if answer.sdk_http_response else None) or ""
         body = scrub(body) if holds_secret(body) else body  # first: a parse error quotes the body, cut short
-        return scrub_response(types.GenerateContentResponse.model_validate_json(body), body)
+        return scrub_response(parse_response(body), body)
 
     def forget(self, model: str, contents: list[types.Content], config: types.GenerateContentConfig) -> None:
         """Drop a completed request's answer from the cache (it proved unusable), so it is asked again."""

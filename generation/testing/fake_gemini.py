@@ -164,7 +164,8 @@ class FakeGemini(LocalServer):
                                          "includeThoughts", "include_thoughts"))
         if not include_thoughts:
             parts = [p for p in parts if not p.get("thought")]
-        return 200, rest.response(parts, finish, texts, images), {}
+        answer = rest.response(parts, finish, texts, images)
+        return 200, rest.with_new_fields(answer) if kind == "new_fields" else answer, {}
 
     def _writer(self, task, texts, images, seed, kind):
         source = SourceImage(Path("source.jpeg"), data=images[0] if images else blank_jpeg())  # text-only round 1

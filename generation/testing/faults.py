@@ -10,6 +10,7 @@ FAULT_KINDS = {
     "429": ROLES, "500": ROLES, "503": ROLES, "hang": ROLES, "invalid_argument": ROLES, "safety": ROLES,
     "malformed_json": ("judge",), "truncated_json": ("judge",),
     "torn_body": ROLES,  # a 200 whose HTTP body stops halfway (a proxy or connection cut it)
+    "new_fields": ROLES,  # a 200 with fields a newer API version added, at several depths: clients must read on
     "text_only": ("editor",), "no_image": ("editor",), "image_safety": ("editor",),
     "truncated_image": ("editor",), "png_image": ("editor",),
     "batch_failed": ROLES,  # a whole batch job ends FAILED (struck once per job, by the role of its requests)

@@ -69,6 +69,18 @@ def response(parts: list[dict], finish: str, texts: list[str], images: list[byte
     return {"candidates": [candidate], "usageMetadata": usage, "modelVersion": "fake-gemini"}
 
 
+def with_new_fields(answer: dict) -> dict:
+    """`answer` as a newer API version might send it: unknown fields at the top, in a candidate, in a part, in the
+    usage metadata (a client that refuses unknown fields breaks the day the API adds one)."""
+    candidate = answer["candidates"][0]
+    return {**answer, "futureSurface": {"name": "standard"},
+            "candidates": [{**candidate, "futureCandidateNote": {"sources": []},
+                            "content": {**candidate["content"],
+                                        "parts": [{**part, "futurePartNote": {"n": i}}
+                                                  for i, part in enumerate(candidate["content"]["parts"])]}}],
+            "usageMetadata": {**answer["usageMetadata"], "futureTokenCount": 0}}
+
+
 def error(code: int, message: str) -> tuple[int, dict]:
     """(HTTP status, body) of an API error."""
     return code, {"error": {"code": code, "message": message, "status": STATUS.get(code, "UNKNOWN")}}

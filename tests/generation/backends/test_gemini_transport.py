@@ -203,3 +203,20 @@ def test_token_limiter_keeps_a_minute_of_usage_under_tpm():
     limiter.record(2000)  # one call over the whole budget: wait until it has left the window
     now[0] = 61.0
     assert limiter.wait_time() == pytest.approx(59.0)
+
+
+def test_fields_the_sdk_does_not_know_are_dropped_and_nothing_else():
+    import json as _json
+
+    from pydantic import ValidationError
+
+    from medbanana.generation.backends.gemini_transport import parse_response
+    from medbanana.generation.testing.gemini_format import response, with_new_fields
+
+    answer = with_new_fields(response([{"text": "Add a small nodule."}], "STOP", ["x" * 40], []))
+    for body in (_json.dumps(answer), answer):
+        parsed = parse_response(body)
+        assert parsed.candidates[0].content.parts[0].text == "Add a small nodule."
+        assert parsed.usage_metadata.prompt_token_count == 10
+    with pytest.raises(ValidationError):  # a known field of the wrong shape is still an error, also beside new ones
+        parse_response(_json.dumps({**answer, "candidates": "not a list"}))

@@ -176,3 +176,14 @@ def test_a_source_cut_off_mid_image_is_a_source_error_before_any_call(echo_gemin
     assert progress["cut-Pneumothorax"] == "api_failed" and progress["whole-Pneumothorax"] in ("success", "failed")
     assert (failure["task"], failure["step"], failure["kind"]) == ("cut-Pneumothorax", "load_source", "source_error")
     assert echo_gemini.count() == 3  # one round of the whole source's task; nothing was sent for the cut one
+
+
+def test_answers_with_fields_a_newer_api_added_are_read_not_retried(generate, echo_gemini, sources):
+    """The SDK's types forbid unknown fields: an API that adds one must not turn every answer into a retry."""
+    code, run_dir, printed = generate(["new_fields"])
+    assert code == 0
+    records = _records(run_dir, sources)
+    assert {r["status"] for r in records.values()} <= {"success", "failed"}
+    assert echo_gemini.calls and all(c.fault == "new_fields" for c in echo_gemini.calls)
+    rounds = sum(len(r["rounds"]) for r in records.values())
+    assert len(echo_gemini.calls) == 3 * rounds  # writer, editor and judge once a round: nothing asked twice
