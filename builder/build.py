@@ -34,7 +34,8 @@ from tqdm.auto import tqdm
 from .card import build_info, refused_note, render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES
 from .manifest import write_manifest
-from .output import BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, run_folder
+from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, remove_stale_staging,
+                     run_folder)
 from .paper import EVAL_EXTRA, require_matplotlib, save_figure3
 from .parquet import ShardedParquetWriter, finalize_shards
 from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
@@ -107,8 +108,8 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
         units = discover_all(inputs, found_refused.append if unsafe == "skip" else None)
         locks.read(unit.run_dir for unit in units)  # a {D}-edit folder or records file given: its run
         locks.write()
+        remove_stale_staging(out)  # a killed build's: under the write lock, no other build of `out` is running
         staging = out.with_name(f".{out.name}.building-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
             sources_root = Path(source_images).resolve() if source_images else None

@@ -28,6 +28,19 @@ OWN_FILES = frozenset({BUILD_INFO, README, MANIFEST, FIGURE})
 _SHOWN = 5  # unknown entries named in the refusal
 
 
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Remove the staging folders (`.NAME.building-PID`) that killed builds of `out` left beside it; call it holding
+    the write lock of `out`, so that none of them belongs to a running build. Returns what was removed."""
+    import re
+    import shutil
+
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.building-\d+")
+    stale = [p for p in out.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    for path in stale:
+        shutil.rmtree(path)
+    return stale
+
+
 class BuildError(Exception):
     """A build that cannot proceed, with the reason in words (defined here, raised by build.py too)."""
 

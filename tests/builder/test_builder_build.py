@@ -225,6 +225,21 @@ def test_output_folder_rules(builder_original_run, tmp_path):
     assert not (tmp_path / "y").exists() and not list(tmp_path.glob(".y.*"))
 
 
+def test_a_killed_builds_staging_folder_goes_with_the_next_build(builder_original_run, tmp_path):
+    """A build killed with SIGKILL leaves `.NAME.building-PID` beside --out; the next build of that folder (which
+    holds its write lock, so no live build owns it) removes it, and nothing of other folders' builds."""
+    out = tmp_path / "ds"
+    stale = tmp_path / ".ds.building-999999"
+    (stale / "sft").mkdir(parents=True)
+    (stale / "sft" / "train-00000-of-00001.parquet").write_bytes(b"half a shard")
+    others = [tmp_path / ".ds2.building-999999", tmp_path / ".ds.building-notapid"]
+    for folder in others:
+        folder.mkdir()
+    build([builder_original_run], out, configs=["sft"], quiet=True)
+    assert (out / "sft").is_dir() and not stale.exists()
+    assert all(folder.is_dir() for folder in others)  # another folder's build, and a name no build makes
+
+
 def _records_from_json(run: Path) -> list[dict]:
     """The paper's §5.2 records, derived from a run's all_conversations.json."""
     records = []
