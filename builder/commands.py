@@ -58,7 +58,7 @@ def register(subparsers) -> None:
     visibility = upload.add_mutually_exclusive_group()
     visibility.add_argument("--private", dest="private", action="store_const", const=True,
                             help="create the repository as private (default: the account's or organisation's "
-                                 "default visibility; an existing repository keeps its visibility)")
+                                 "default visibility); an existing public repository is refused, nothing is sent")
     visibility.add_argument("--public", dest="private", action="store_const", const=False,
                             help="create the repository as public (an existing repository keeps its visibility)")
     upload.add_argument("--revision", metavar="REV", help="branch to commit to (created if missing)")

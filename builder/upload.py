@@ -13,7 +13,8 @@ conversations/, judge/) and the root files README.md, medbanana-build.json, SHA2
 user put in the repository (.gitattributes, notes, other folders, non-parquet files in a config folder) is kept.
 
 Visibility is sent only when asked for (`private=True`/`False`); `None` leaves a new repository to the account's or
-organisation's default, and an existing repository keeps its visibility either way.
+organisation's default, and an existing repository keeps its visibility either way; but `--private` into an
+existing public repository is refused before anything is sent (medical data must not go public by mistake).
 
 The endpoint comes from `HF_ENDPOINT` (default the Hub), the token from `HF_TOKEN` or the stored `hf auth login`;
 it is never printed: an endpoint may echo the request's headers in an error body, so every message is scrubbed
@@ -103,6 +104,12 @@ def upload(folder: Path, repo_id: str, *, private: bool | None = None, revision:
     step, resume = f"creating the dataset repository {repo_id}", ""
     try:
         repo_url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+        if private:  # an existing repository keeps its visibility: never publish into a public one by mistake
+            step = f"checking the visibility of {repo_id}"
+            if not api.repo_info(repo_id, repo_type="dataset").private:
+                raise UploadError(f"--private: the dataset repository {repo_id} already exists and is public; "
+                                  f"nothing was uploaded. Make it private on the Hub (its settings) and run this "
+                                  f"again, or upload with --public if it is meant to be public")
         if revision:
             step = f"creating the branch {revision}"
             api.create_branch(repo_id, repo_type="dataset", branch=revision, exist_ok=True)

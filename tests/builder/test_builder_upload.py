@@ -49,8 +49,13 @@ class StubHub(JSONHandler):
         self._json({"error": f"stub does not know {self.path}"}, 404)
 
     def do_GET(self):
-        self.server.hub["requests"].append((self.path, self.headers.get("Authorization")))
-        self._json({"error": "not found"}, 404)
+        hub = self.server.hub
+        hub["requests"].append((self.path, self.headers.get("Authorization")))
+        create = hub["create"]
+        if create and self.path.split("?")[0] == f"/api/datasets/{create.get('organization')}/{create['name']}":
+            return self._json({"id": f"{create.get('organization')}/{create['name']}", "sha": "0" * 40,
+                               "private": create.get("visibility") == "private", "siblings": []})
+        self._json({"error": "not found"}, 404)  # the repository's tree: no commit yet
 
     def _validate(self, content: str) -> dict:
         errors = []

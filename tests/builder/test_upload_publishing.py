@@ -40,6 +40,7 @@ class Hub(JSONHandler):
         hub, path = self.server.hub, urlsplit(self.path).path
         if path == "/api/repos/create":
             hub["creates"].append(json.loads(body))
+            hub["private"] = hub["private"] if hub["exists"] else json.loads(body).get("visibility") == "private"
             url = {"url": f"{self._base()}/datasets/{REPO}"}
             if hub["exists"]:  # what the Hub answers for an existing repo; create_repo(exist_ok=True) accepts it
                 return self._json({"error": "You already created this dataset repo", **url}, 409)
@@ -63,7 +64,7 @@ class Hub(JSONHandler):
             return self._json([{"type": "directory", "oid": "1" * 40, "path": f} for f in sorted(folders)] +
                               [self._entry(p, data) for p, data in sorted(hub["files"].items())])
         if path in (f"/api/datasets/{REPO}", f"/api/datasets/{REPO}/revision/main"):
-            return self._json({"id": REPO, "sha": self._head(), "private": False,
+            return self._json({"id": REPO, "sha": self._head(), "private": hub["private"],
                                "siblings": [{"rfilename": p} for p in hub["files"]]})
         self._json({"error": f"stub does not know GET {path}"}, 404)
 
@@ -108,7 +109,7 @@ class Hub(JSONHandler):
 @pytest.fixture
 def hub(monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    server.hub = {"files": {}, "commits": [], "creates": [], "exists": False, "fail_after": None}
+    server.hub = {"files": {}, "commits": [], "creates": [], "exists": False, "fail_after": None, "private": False}
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
     monkeypatch.setenv("HF_TOKEN", TOKEN)
@@ -223,6 +224,17 @@ def test_visibility_is_sent_only_when_asked_for(hub, builds, capsys):
     with pytest.raises(SystemExit):  # one or the other
         main(["upload", str(builds["few"]), REPO, "--private", "--public"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_private_into_an_existing_public_repository_is_refused_before_anything_is_sent(hub, builds, capsys):
+    hub["exists"], hub["private"] = True, False
+    code, _out, err = _upload(builds["few"], capsys, "--private")
+    assert code == 1 and "already exists and is public" in err and "nothing was uploaded" in err
+    assert hub["files"] == {} and hub["commits"] == []
+    hub["private"] = True  # made private on the Hub: the same command now publishes
+    code, _out, err = _upload(builds["few"], capsys, "--private")
+    assert code == 0, err
+    assert hub["files"] == _files(builds["few"])
 
 
 def test_a_second_upload_of_the_same_folder_sends_nothing(hub, builds, tmp_path):
