@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -148,10 +147,11 @@ class ImageSigner:
         """`data` (JPEG or PNG) with `manifest` embedded and signed; the pixels and other segments are kept."""
         import c2pa
 
-        builder = c2pa.Builder.from_json(manifest, context=self._context)
+        mime = image_mime(data)
+        builder = c2pa.Builder.from_json({**manifest, "format": mime}, context=self._context)  # the bytes' own format
         out = io.BytesIO()
         try:
-            builder.sign(self._signer, image_mime(data), io.BytesIO(data), out)
+            builder.sign(self._signer, mime, io.BytesIO(data), out)
         except c2pa.C2paError as exc:
             raise SigningError(f"C2PA signing failed: {without_pem(str(exc))}") from None
         return out.getvalue()
@@ -181,13 +181,9 @@ def image_manifest(*, title: str, source_type: str, models: dict, generator: str
                 "softwareAgent": {"name": str((models or {}).get("editor", generator))},
                 "description": "A source scan (named by its SHA-256 only) edited by the editor model",
                 "parameters": {"org.medbanana.models": {str(k): str(v) for k, v in sorted((models or {}).items())}}}]
-    return {"claim_generator_info": [{"name": generator}], "title": title, "format": "image/jpeg",
+    return {"claim_generator_info": [{"name": generator}], "title": title,
             "assertions": [{"label": "c2pa.actions.v2", "data": {"actions": actions}},
                            {"label": ASSERTION_LABEL, "data": provenance}]}
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # --- checking ---------------------------------------------------------------------------------------------------
@@ -231,18 +227,3 @@ def check_image(data: bytes, context, trusting: bool) -> CheckResult:
     if state == "Valid":
         return CheckResult("untrusted", failures)
     return CheckResult("invalid", failures)
-
-
-def read_assertion(data: bytes, context=None) -> dict | None:
-    """The medbanana assertion of an image's active manifest, or None."""
-    import c2pa
-
-    reader = c2pa.Reader.try_create(image_mime(data), io.BytesIO(data), context=context)
-    if reader is None:
-        return None
-    try:
-        manifest = json.loads(reader.json())
-    finally:
-        reader.close()
-    active = manifest.get("manifests", {}).get(manifest.get("active_manifest"), {})
-    return next((a["data"] for a in active.get("assertions", []) if a.get("label") == ASSERTION_LABEL), None)

@@ -14,6 +14,7 @@ after its last "task" line (a killed --retry-failed) is open again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -25,7 +26,7 @@ from . import layout
 from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
 from .schema import attempt_from_round
-from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
+from ..records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome
 from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, read_jsonl  # noqa: F401 (re-exported)
 
 FORMAT_VERSION = 1
@@ -204,16 +205,16 @@ class RunStore:
         self._append({"type": "round", "uid": task.uid, "round": raw})
 
     def _manifest(self, task: Task, attempt: Attempt) -> dict:
-        from .signing import image_manifest, sha256_hex
+        from .signing import image_manifest
 
         source = str(task.source_path)
         if source not in self._source_sha256:
             if len(self._source_sha256) > 4096:  # a task's rounds come together; old entries are not needed
                 self._source_sha256.clear()
-            self._source_sha256[source] = sha256_hex(Path(source).read_bytes())
+            self._source_sha256[source] = SourceImage(Path(source)).sha256
         provenance = {"run_id": self.config["run_id"], "task_uid": task.uid, "round": attempt.round,
                       "accepted": bool(attempt.accepted), "direction": task.direction, "disease": task.disease,
-                      "instruction_sha256": sha256_hex(attempt.instruction.text.encode("utf-8")),
+                      "instruction_sha256": hashlib.sha256(attempt.instruction.text.encode("utf-8")).hexdigest(),
                       "source_sha256": self._source_sha256[source]}
         return image_manifest(title=Path(attempt.image_relpath).name,
                               source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE),

@@ -9,7 +9,6 @@ local, the worker-process and the Batch runner differ only in how they get outco
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -141,10 +140,6 @@ def close_run(store: RunStore, summary: RunSummary, started: float) -> RunSummar
     atomic_write_json(Path(summary.run_dir) / layout.STATS, {**summary.as_dict(), "finished_at": time.time()})
     store.close()
     return summary
-
-
-def load_stats(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / layout.STATS).read_text())
 
 
 class RunSession:
