@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation")
+PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation", "review")
 
 # area -> the areas it may import (besides itself). The generation base is records, taxonomy, prompts, files and
 # secrets (and extras); then records/taxonomy/prompts <- backends <- loop <- runners <- commands, with the run directory's
@@ -23,11 +23,15 @@ ALLOWED = {
     "generation.testing": BASE | {"generation.backends"},
     "generation.commands": BASE | {"generation.backends", "generation.rundir", "generation.runners",
                                    "generation.sources", "builder", "evaluation"},
-    "builder": BASE | {"generation.rundir", "package"},
+    "builder": BASE | {"generation.rundir", "package", "review.store"},
     "loaders": BASE | {"generation.rundir", "builder"},
     "medbanana_50k": {"builder"},
     "evaluation": BASE | {"generation.rundir", "generation.backends", "builder"},
     "dpo": BASE | {"generation.backends", "loaders"},
+    # review: its store is the folder's contract (the builder's `--reviews` reads it); the rest reads datasets and
+    # runs through evaluation's inputs and reports with its agreement helpers
+    "review.store": BASE,
+    "review": BASE | {"generation.rundir", "builder", "evaluation", "review.store"},
 }
 
 
@@ -42,6 +46,8 @@ def area(module: str) -> str:
         return "package"
     if parts[0] == "generation":
         return "generation." + parts[1] if len(parts) > 1 else "generation"
+    if parts[:2] == ["review", "store"]:
+        return "review.store"
     return parts[0]
 
 

@@ -1,0 +1,302 @@
+"""A review folder's one store: `review.sqlite` (WAL) holds the review's settings, its items and every answer.
+
+Answers are append-only (SQLite triggers refuse UPDATE and DELETE on them) and unique per (item, rater): a second
+submit of the same item by the same rater is reported, never stored twice. Several server threads and processes may
+use one folder at once: each operation opens its own connection, and choosing the next item for a rater runs in an
+IMMEDIATE transaction, so two raters never both claim the last open slot of an item.
+
+Assignment: a rater is shown the item they claimed and have not answered (a reload resumes there), else the open
+item with the fewest answers (then the review's seeded order) that they have not answered, that has fewer than K
+answers and live claims by others, and, in realism mode, whose source they have not seen in any form.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..generation.records import VERDICT_BOOLEANS
+
+DB_NAME = "review.sqlite"
+MODES = ("rubric", "realism")
+GUESSES = ("real", "edited")
+CONFIDENCE = range(1, 6)  # 1 = a guess, 5 = certain
+CLAIM_SECONDS = 15 * 60  # an item shown to a rater is held for them this long
+MAX_RATER_NAME = 40
+_NAME_PUNCTUATION = set(" .-_'")
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS items (
+    item_id TEXT PRIMARY KEY, position INTEGER NOT NULL UNIQUE, pair_id TEXT NOT NULL, shown TEXT NOT NULL,
+    sample_id TEXT NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS claims (
+    item_id TEXT NOT NULL REFERENCES items, rater TEXT NOT NULL, claimed_at REAL NOT NULL,
+    PRIMARY KEY (item_id, rater));
+CREATE TABLE IF NOT EXISTS answers (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, item_id TEXT NOT NULL REFERENCES items, rater TEXT NOT NULL,
+    answered_at TEXT NOT NULL, seconds REAL,
+    {", ".join(f"{name} INTEGER" for name in VERDICT_BOOLEANS)},
+    reason TEXT, guess TEXT, confidence INTEGER,
+    UNIQUE (item_id, rater));
+CREATE TRIGGER IF NOT EXISTS answers_no_update BEFORE UPDATE ON answers
+    BEGIN SELECT RAISE(ABORT, 'review answers are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS answers_no_delete BEFORE DELETE ON answers
+    BEGIN SELECT RAISE(ABORT, 'review answers are append-only'); END;
+"""
+
+
+@dataclass(frozen=True)
+class ReviewSettings:
+    mode: str  # rubric | realism
+    raters_per_item: int
+    seed: int
+    source: str  # the dataset or run the items were sampled from
+    requested_items: int
+    edits: int  # edits sampled (realism: each gives an edited item; its source a real one)
+    created_at: str = ""
+
+
+@dataclass(frozen=True)
+class ReviewItem:
+    """One thing a rater answers. Everything but `images` and `instruction` is hidden from raters."""
+
+    item_id: str  # opaque: says nothing of the edit, its round or its outcome
+    pair_id: str  # realism: the source, shared by its real and edited items; rubric: the edit
+    shown: str  # "pair" (rubric: source and edit) | "real" | "edited" (realism: one image)
+    sample_id: str  # the edit's id in datasets and judge-agreement: <uid>#<round>
+    dataset: str
+    modality: str | None
+    disease: str
+    direction: str
+    instruction: str
+    images: tuple[str, ...]  # files relative to the review folder: (source, edited) or (the one image)
+    judge: dict | None = None  # the recorded verdict (VERDICT_FIELDS), when there is one
+    accepted: bool | None = None  # whether the run accepted the edit
+    stratum: str = ""  # modality/direction/disease/outcome, the sampling stratum
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A rater's answer: the rubric's booleans (VERDICT_BOOLEANS) and a reason, or a realism guess and confidence."""
+
+    has_disease: bool | None = None
+    structure_reasonable: bool | None = None
+    looks_realistic: bool | None = None
+    fidelity_preserved: bool | None = None
+    qualified: bool | None = None
+    reason: str = ""
+    guess: str | None = None  # real | edited
+    confidence: int | None = None  # CONFIDENCE
+    seconds: float | None = None  # time from showing the item to the answer
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    seq: int
+    item_id: str
+    rater: str
+    answered_at: str
+    answer: Answer = field(default_factory=Answer)
+
+
+def check_rater_name(name: str) -> str:
+    """The rater's name as stored: NFC, blanks trimmed; letters, digits, spaces and . - _ ' only, 1-40 long.
+
+    >>> check_rater_name("  Dr. Ana Núñez ")
+    'Dr. Ana Núñez'
+    >>> check_rater_name("<script>")
+    Traceback (most recent call last):
+    ...
+    ValueError: a rater name may hold letters, digits, spaces and . - _ ' only, not '<', '>'
+    """
+    name = unicodedata.normalize("NFC", str(name or "")).strip()
+    if not name:
+        raise ValueError("enter your name (or initials) to start")
+    odd = sorted({c for c in name if not (c.isalnum() or c in _NAME_PUNCTUATION)})
+    if odd:
+        raise ValueError("a rater name may hold letters, digits, spaces and . - _ ' only, not "
+                         + ", ".join(repr(c) for c in odd))
+    if len(name) > MAX_RATER_NAME:
+        raise ValueError(f"a rater name is at most {MAX_RATER_NAME} characters")
+    return name
+
+
+def check_answer(mode: str, answer: Answer) -> None:
+    """ValueError naming what is missing or wrong in an answer for this mode."""
+    if mode == "rubric":
+        missing = [name for name in VERDICT_BOOLEANS if getattr(answer, name) is None]
+        if missing:
+            raise ValueError(f"answer every question before submitting: {', '.join(missing)}")
+    elif answer.guess not in GUESSES or answer.confidence not in CONFIDENCE:
+        raise ValueError("answer real or edited, and how sure you are (1-5), before submitting")
+
+
+class ReviewStore:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.path = self.folder / DB_NAME
+
+    # ------------------------------------------------------------ creating and opening
+
+    @classmethod
+    def create(cls, folder: Path, settings: ReviewSettings, items: list[ReviewItem]) -> ReviewStore:
+        """A new review in `folder` (its images already written there); refuses a folder that holds one."""
+        store = cls(folder)
+        if store.path.exists():
+            raise ValueError(f"{folder} already holds a review ({DB_NAME}); serve it with `medbanana review "
+                             f"{folder}`, or choose another --out")
+        if not items:
+            raise ValueError("the sample is empty: no item to review")
+        store.folder.mkdir(parents=True, exist_ok=True)
+        with store._connect(create=True) as db:
+            db.executescript(SCHEMA)
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("INSERT INTO settings VALUES (?, ?)",
+                           [(k, json.dumps(v)) for k, v in asdict(settings).items()])
+            db.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?, ?)",
+                           [(it.item_id, pos, it.pair_id, it.shown, it.sample_id, json.dumps(_item_json(it)))
+                            for pos, it in enumerate(items)])
+            db.execute("COMMIT")
+        return store
+
+    @classmethod
+    def open(cls, folder: Path) -> ReviewStore:
+        store = cls(folder)
+        if not store.path.is_file():
+            raise FileNotFoundError(f"{folder}: not a review folder (no {DB_NAME}); create one with "
+                                    "`medbanana review DATASET_OR_RUN --out DIR`")
+        return store
+
+    @contextmanager
+    def _connect(self, create: bool = False) -> Iterator[sqlite3.Connection]:
+        uri = f"file:{self.path}{'' if create else '?mode=rw'}"
+        db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")  # an answer acknowledged is an answer on disk
+            db.execute("PRAGMA foreign_keys=ON")
+            yield db
+        finally:
+            db.close()
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def settings(self) -> ReviewSettings:
+        with self._connect() as db:
+            values = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM settings")}
+        return ReviewSettings(**{f.name: values[f.name] for f in fields(ReviewSettings) if f.name in values})
+
+    def items(self) -> list[ReviewItem]:
+        with self._connect() as db:
+            return [_item_from_json(json.loads(r)) for (r,) in db.execute("SELECT record FROM items ORDER BY position")]
+
+    def item(self, item_id: str) -> ReviewItem:
+        with self._connect() as db:
+            row = db.execute("SELECT record FROM items WHERE item_id = ?", (item_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no item {item_id!r} in this review")
+        return _item_from_json(json.loads(row[0]))
+
+    def answers(self) -> list[StoredAnswer]:
+        names = [*VERDICT_BOOLEANS, "reason", "guess", "confidence", "seconds"]
+        with self._connect() as db:
+            rows = db.execute(f"SELECT seq, item_id, rater, answered_at, {', '.join(names)} FROM answers "
+                              "ORDER BY seq").fetchall()
+        out = []
+        for seq, item_id, rater, at, *values in rows:
+            record = dict(zip(names, values))
+            for name in VERDICT_BOOLEANS:
+                record[name] = None if record[name] is None else bool(record[name])
+            record["reason"] = record["reason"] or ""
+            out.append(StoredAnswer(seq, item_id, rater, at, Answer(**record)))
+        return out
+
+    def progress(self, rater: str) -> tuple[int, int]:
+        """(items this rater answered, items this rater may still be given or has answered)."""
+        rater = check_rater_name(rater)
+        with self._connect() as db:
+            done = db.execute("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,)).fetchone()[0]
+            open_now = len(self._open_items(db, rater, time.time(), limit=None))
+        return done, done + open_now
+
+    # ------------------------------------------------------------ assigning and answering
+
+    def next_item(self, rater: str) -> ReviewItem | None:
+        """The item to show this rater now (claimed for them), or None when nothing is left for them."""
+        rater = check_rater_name(rater)
+        now = time.time()
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                held = db.execute(
+                    "SELECT c.item_id FROM claims c JOIN items i USING (item_id) WHERE c.rater = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM answers a WHERE a.item_id = c.item_id AND a.rater = c.rater) "
+                    "ORDER BY i.position LIMIT 1", (rater,)).fetchone()
+                if held is None:
+                    found = self._open_items(db, rater, now, limit=1)
+                    held = found[0] if found else None
+                if held is not None:
+                    db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?)", (held[0], rater, now))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return None if held is None else self.item(held[0])
+
+    def _open_items(self, db: sqlite3.Connection, rater: str, now: float, limit: int | None) -> list[tuple]:
+        k = self.settings_value(db, "raters_per_item")
+        query = (
+            "SELECT i.item_id, (SELECT COUNT(*) FROM answers a WHERE a.item_id = i.item_id) AS n FROM items i "
+            "WHERE NOT EXISTS (SELECT 1 FROM answers a WHERE a.item_id = i.item_id AND a.rater = :rater) "
+            "AND NOT EXISTS (SELECT 1 FROM items j WHERE j.pair_id = i.pair_id AND j.item_id != i.item_id AND ("
+            "  EXISTS (SELECT 1 FROM answers a WHERE a.item_id = j.item_id AND a.rater = :rater) OR"
+            "  EXISTS (SELECT 1 FROM claims c WHERE c.item_id = j.item_id AND c.rater = :rater"
+            "          AND c.claimed_at > :expired))) "
+            "AND n + (SELECT COUNT(*) FROM claims c WHERE c.item_id = i.item_id AND c.rater != :rater "
+            "         AND c.claimed_at > :expired AND NOT EXISTS (SELECT 1 FROM answers a "
+            "         WHERE a.item_id = c.item_id AND a.rater = c.rater)) < :k "
+            "ORDER BY n, i.position" + (" LIMIT :limit" if limit else ""))
+        return db.execute(query, {"rater": rater, "expired": now - CLAIM_SECONDS, "k": k,
+                                  "limit": limit}).fetchall()
+
+    @staticmethod
+    def settings_value(db: sqlite3.Connection, key: str):
+        return json.loads(db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()[0])
+
+    def submit(self, rater: str, item_id: str, answer: Answer) -> bool:
+        """Store the answer: True; False when this rater already answered this item (the first answer is kept).
+        ValueError for an incomplete answer, KeyError for an unknown item."""
+        rater = check_rater_name(rater)
+        with self._connect() as db:
+            mode = self.settings_value(db, "mode")
+            check_answer(mode, answer)
+            if db.execute("SELECT 1 FROM items WHERE item_id = ?", (item_id,)).fetchone() is None:
+                raise KeyError(f"no item {item_id!r} in this review")
+            values = {name: getattr(answer, name) for name in (*VERDICT_BOOLEANS, "reason", "guess", "confidence",
+                                                                "seconds")}
+            values["reason"] = (answer.reason or "").strip() or None
+            try:
+                db.execute(f"INSERT INTO answers (item_id, rater, answered_at, {', '.join(values)}) "
+                           f"VALUES (?, ?, ?, {', '.join('?' * len(values))})",
+                           (item_id, rater, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), *values.values()))
+            except sqlite3.IntegrityError as exc:
+                if "UNIQUE" in str(exc):
+                    return False
+                raise
+        return True
+
+
+def _item_json(item: ReviewItem) -> dict:
+    return {**asdict(item), "images": list(item.images)}
+
+
+def _item_from_json(record: dict) -> ReviewItem:
+    return ReviewItem(**{**record, "images": tuple(record["images"])})
