@@ -32,12 +32,13 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .card import build_info, refused_note, render_card
-from .features import CONFIG_FEATURES, CONFIG_NAMES
+from .features import CONFIG_FEATURES, CONFIG_NAMES, REVIEW_CONFIG
 from .manifest import write_manifest
 from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, remove_stale_staging,
                      run_folder)
 from .paper import EVAL_EXTRA, require_matplotlib, save_figure3
 from .parquet import ShardedParquetWriter, finalize_shards
+from .reviews import open_reviews, write_reviews
 from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
 from .runs import Unit, discover_units, read_tasks, recorded_max_rounds, recorded_signing, task_keys, unit_size
 from .safety import POLICIES, Confined, Refused
@@ -77,16 +78,16 @@ def parse_size(text: str | int) -> int:
 
 def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFIG_NAMES, test_fraction: float = 0.0,
           max_shard_size: str | int = "500MB", num_proc: int = 1, source_images: Path | None = None,
-          quiet: bool = False, unsafe: str = "error") -> dict:
+          quiet: bool = False, unsafe: str = "error", reviews: Sequence[Path] = ()) -> dict:
     """Build the dataset folder `out` from run directories; returns what `medbanana-build.json` holds.
 
     `unsafe`: what a refused input does (a path leading outside its root, a file that is not an image, a
     malformed entry): "error" stops the build with a BuildError naming it; "skip" leaves its task out and lists
-    it under `stats.refused`. Raises BuildError, before anything is written, for an `out` holding anything a build
+    it under `stats.refused`. `reviews`: `medbanana review` folders whose answers become `human_review`. Raises BuildError, before anything is written, for an `out` holding anything a build
     does not write or an input run (or inside one), and generation.lock.LockHeld when another process writes an
     input run or builds `out`."""
     configs = tuple(configs)
-    unknown = [c for c in configs if c not in CONFIG_FEATURES]
+    unknown = [c for c in configs if c not in CONFIG_NAMES]
     if unknown or not configs:
         raise BuildError(f"unknown config(s) {unknown}; choose from {', '.join(CONFIG_NAMES)}")
     if not 0 <= test_fraction < 1:
@@ -102,6 +103,7 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
     if source_images is not None and not IMAGE_CONFIGS & set(configs):
         raise BuildError(f"--source-images: none of the configs built ({', '.join(configs)}) has a source_image "
                          "column; add one of " + ", ".join(sorted(IMAGE_CONFIGS)))
+    review_stores = open_reviews(reviews)
     with BuildLocks(out) as locks:  # refusals come before anything is written (output.py)
         locks.read(map(run_folder, inputs))
         found_refused: list[Refused] = []
@@ -117,6 +119,14 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
                      for p, items in enumerate(plan_partitions(units, num_proc))]
             stats, digests = _run_partitions(specs, quiet)
             sources = _check_sources(stats, source_images)
+            reviewed: dict[str, dict] = {}  # review folder name -> its mode, answers, rows, answers left out
+            if review_stores:
+                built = {uid for unit in units for uid in task_keys(unit, lambda exc: None)}
+                with ThreadPoolExecutor(max_workers=1) as hasher:
+                    review_digests, reviewed = write_reviews(review_stores, staging, built, stats, test_fraction,
+                                                             max_shard_bytes, hasher)
+                digests.update(review_digests)
+                configs += (REVIEW_CONFIG,)
             for exc in found_refused:  # folders and files refused while finding the units
                 stats.add_refusal(exc, task_left_out=False)
             max_rounds = _max_rounds(units, stats if unsafe == "skip" else None)
@@ -125,6 +135,7 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             figure = _draw_figure(stats, staging / FIGURE)
             info = build_info(units, configs, splits, files, stats, test_fraction, max_shard_bytes, sources,
                                figure, unsafe)
+            info.update({"reviews": reviewed} if reviewed else {})
             (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
             note = (f"Built by medbanana {info['medbanana_version']} with datasets {info['datasets_version']}; "
                     f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{refused_note(stats)}")

@@ -40,6 +40,9 @@ def register(subparsers) -> None:
                             "that is not a JPEG or PNG image (empty, truncated, text); a malformed JSON entry. "
                             "`error` (default): stop, naming the file, what named it and why, and write nothing. "
                             "`skip`: leave the task out and list the refusal in medbanana-build.json and the card")
+    build.add_argument("--reviews", action="append", type=Path, default=[], metavar="REVIEW_DIR",
+                       help="a `medbanana review` folder (repeatable): its answers become the human_review config, "
+                            "one row per answer tied to the task by uid and round, raters pseudonymised")
     build.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=run_build)
 
@@ -92,7 +95,8 @@ def run_build(args) -> int:
     try:
         info = build(args.run_dirs, args.out, configs=configs, test_fraction=args.test_fraction,
                      max_shard_size=args.max_shard_size, num_proc=args.num_proc,
-                     source_images=args.source_images, quiet=args.quiet, unsafe=args.unsafe)
+                     source_images=args.source_images, quiet=args.quiet, unsafe=args.unsafe,
+                     reviews=args.reviews)
     except BuildError as exc:
         print(f"medbanana build: error: {exc}", file=sys.stderr)
         return 2
@@ -101,6 +105,10 @@ def run_build(args) -> int:
             counts = ", ".join(f"{split} {v['rows']:,} rows in {len(v['files'])} file(s)" for split, v in splits.items())
             print(f"  {config:<14} {counts}")
     _report_sources(info["sources"], args.quiet)
+    for name, review in info.get("reviews", {}).items():
+        if review["left_out"]:
+            print(f"warning: review {name}: {review['left_out']} of {review['answers']} answers are about tasks "
+                  "not in this build and were left out", file=sys.stderr)
     if not args.quiet:
         print(f"wrote {args.out.resolve()}")
     missing = info["stats"]["missing_images"]

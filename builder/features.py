@@ -13,7 +13,8 @@ from __future__ import annotations
 from datasets import Features, Image, List, Value
 
 from ..generation.records import VERDICT_COLUMNS, VERDICT_FIELDS  # noqa: F401  (VERDICT_FIELDS: re-exported)
-from . import CONFIG_NAMES, DEFAULT_CONFIG  # noqa: F401  (re-exported: the schemas' module names them too)
+from . import CONFIG_NAMES, DEFAULT_CONFIG, PUBLISHED_CONFIGS, REVIEW_CONFIG  # noqa: F401  (re-exported)
+from ..generation.records import VERDICT_BOOLEANS
 
 IDENTITY = {
     "uid": Value("string"),  # "{dataset}/{add|remove}/{source_id}-{disease}": one editing task, unique in a build
@@ -106,6 +107,21 @@ CONFIG_FEATURES: dict[str, Features] = {
         "judge_thinking": Value("string"),
         "judge_model": Value("string"),
     }),
+    REVIEW_CONFIG: Features({
+        **IDENTITY,
+        "round": Value("int32"),  # the attempt reviewed (null for a source shown as real in a realism review)
+        "review": Value("string"),  # the review folder's name: one review's answers share it
+        "mode": Value("string"),  # rubric | realism
+        "item_id": Value("string"),
+        "shown": Value("string"),  # pair (rubric: source and edit) | real | edited (realism: the one image shown)
+        "rater": Value("string"),  # a pseudonym (rater-1, rater-2, ...: by first answer in this build)
+        "answered_at": Value("string"),  # UTC, ISO 8601
+        "seconds": Value("float32"),  # from showing the item to the answer
+        **{name: Value("bool") for name in VERDICT_BOOLEANS},  # rubric answers; null in realism reviews
+        "reason": Value("string"),
+        "guess": Value("string"),  # realism: real | edited
+        "confidence": Value("int32"),  # realism: 1 (a guess) to 5 (certain)
+    }),
 }
 
 CONFIG_DESCRIPTIONS = {
@@ -118,6 +134,8 @@ CONFIG_DESCRIPTIONS = {
                      "and the outcome; no image bytes.",
     "judge": "One row per judged attempt, accepted or not: source, edit, instruction and the verdict as labels, "
              "for training a verifier.",
+    REVIEW_CONFIG: "One row per expert answer of a blind review (`medbanana review`): the rubric's answers for an "
+                   "edit (join with `judge` on uid and round), or a real-or-edited guess; raters pseudonymised.",
 }
 
 

@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..generation.rundir.lock import hold_lock
-from .features import CONFIG_NAMES
+from . import PUBLISHED_CONFIGS
 from .manifest import MANIFEST
 
 BUILD_INFO = "medbanana-build.json"
@@ -121,7 +121,7 @@ def foreign_entries(out: Path) -> list[str]:
     for entry in out.iterdir():
         if entry.is_symlink():
             foreign.append(entry.name)
-        elif entry.name in CONFIG_NAMES and entry.is_dir():
+        elif entry.name in PUBLISHED_CONFIGS and entry.is_dir():
             foreign += [f"{entry.name}/{p.name}" + ("/" if p.is_dir() else "") for p in entry.iterdir()
                         if p.is_symlink() or not p.is_file() or p.suffix != ".parquet"]
         elif entry.name not in OWN_FILES or not entry.is_file():
@@ -144,7 +144,7 @@ def remove_build(folder: Path) -> None:
     """Delete the files a build writes from `folder`, then the folder if that empties it. Anything else (added
     after the check, despite it) is kept, with a warning naming where."""
     for entry in folder.iterdir():
-        if entry.name in CONFIG_NAMES and entry.is_dir() and not entry.is_symlink():
+        if entry.name in PUBLISHED_CONFIGS and entry.is_dir() and not entry.is_symlink():
             for shard in entry.glob("*.parquet"):
                 if shard.is_file() and not shard.is_symlink():
                     shard.unlink()

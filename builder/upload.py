@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..generation.secrets import hold, scrub
-from . import CONFIG_NAMES
+from . import PUBLISHED_CONFIGS
 from .manifest import MANIFEST, read_manifest, sha256_file, verify_manifest
 from .output import BUILD_INFO, OWN_FILES, README
 
@@ -67,7 +67,7 @@ class UploadResult:
 def built_by_medbanana(path: str) -> bool:
     """A repository path the build writes: the only kind `upload` may delete."""
     top, _, rest = path.partition("/")
-    return path in _BUILD_ROOT_FILES or (top in CONFIG_NAMES and rest.endswith(".parquet"))
+    return path in _BUILD_ROOT_FILES or (top in PUBLISHED_CONFIGS and rest.endswith(".parquet"))
 
 
 def plan(local: dict[str, tuple[str, Path]], remote: dict[str, tuple[str | None, str]]

@@ -7,7 +7,7 @@ from pathlib import Path
 import datasets
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
-from ..builder.features import CONFIG_FEATURES, CONFIG_NAMES, image_columns
+from ..builder.features import CONFIG_FEATURES, PUBLISHED_CONFIGS, REVIEW_CONFIG, image_columns
 from ..generation.rundir import layout
 
 
@@ -20,10 +20,13 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
     and `ds.map` passes the bytes on as they are. Other keyword arguments go to `load_dataset` (e.g. `revision`).
     """
     if config not in CONFIG_FEATURES:
-        raise ValueError(f"unknown config {config!r}; a medbanana dataset has {', '.join(CONFIG_NAMES)}")
+        raise ValueError(f"unknown config {config!r}; a medbanana dataset has {', '.join(PUBLISHED_CONFIGS)}")
     local = Path(path_or_repo).expanduser()
     if local.is_dir():
         _check_built_folder(local)
+        if config == REVIEW_CONFIG and not any((local / config).glob("*.parquet")):
+            raise ValueError(f"{local} has no {config} config: build it with `medbanana build ... --reviews "
+                             "REVIEW_DIR` (answers of `medbanana review`)")
         path_or_repo = str(local)
     elif written_as_path(str(path_or_repo)) or local.exists():
         raise FileNotFoundError(f"no dataset folder at {path_or_repo} ({local.resolve()}): give the folder written "

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples
 from ..generation.files import atomic_write_bytes
 from ..generation.records import decode_rgb
-from .store import DB_NAME, MODES, ReviewItem, ReviewSettings, ReviewStore
+from .store import MODES, ReviewItem, ReviewSettings, ReviewStore, refuse_existing
 
 IMAGES = "images"
 
@@ -134,8 +134,7 @@ def create_review(source: Path, out: Path, *, mode: str, items: int, raters_per_
     """Sample `items` edits of a dataset or run into a new review folder `out` and return its store."""
     if raters_per_item < 1:
         raise ValueError("--raters-per-item must be at least 1")
-    if (Path(out) / DB_NAME).exists():
-        ReviewStore.create(out, None, [])  # raises the clear "already holds a review" error
+    refuse_existing(out)  # before sampling: the images would be written into another review's folder
     picked = stratified_sample(read_edits(source, source_images=source_images), items, seed)
     review_items = make_items(picked, mode, Path(out), seed)
     settings = ReviewSettings(mode=mode, raters_per_item=raters_per_item, seed=seed, source=str(Path(source).resolve()),

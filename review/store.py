@@ -128,6 +128,13 @@ def check_rater_name(name: str) -> str:
     return name
 
 
+def refuse_existing(folder: Path) -> None:
+    """ValueError when `folder` already holds a review: a review is created once, then served again."""
+    if (Path(folder) / DB_NAME).exists():
+        raise ValueError(f"{folder} already holds a review ({DB_NAME}); serve it with `medbanana review "
+                         f"{folder}`, or choose another --out")
+
+
 def check_answer(mode: str, answer: Answer) -> None:
     """ValueError naming what is missing or wrong in an answer for this mode."""
     if mode == "rubric":
@@ -149,9 +156,7 @@ class ReviewStore:
     def create(cls, folder: Path, settings: ReviewSettings, items: list[ReviewItem]) -> ReviewStore:
         """A new review in `folder` (its images already written there); refuses a folder that holds one."""
         store = cls(folder)
-        if store.path.exists():
-            raise ValueError(f"{folder} already holds a review ({DB_NAME}); serve it with `medbanana review "
-                             f"{folder}`, or choose another --out")
+        refuse_existing(folder)
         if not items:
             raise ValueError("the sample is empty: no item to review")
         store.folder.mkdir(parents=True, exist_ok=True)

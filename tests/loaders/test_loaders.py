@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from medbanana.builder.features import CONFIG_FEATURES, VERDICT_FIELDS
+from medbanana.builder.features import CONFIG_FEATURES, CONFIG_NAMES, VERDICT_FIELDS
 from medbanana.generation.prompts import parse_verdict
 from medbanana.loaders import (attach_sources, convert, load_medbanana, to_diffusion_dpo, to_editor_sft,
                                to_judge_sft, to_pandas, to_refiner_dpo)
@@ -179,9 +179,11 @@ def built(tmp_path_factory):
 
 
 def test_load_medbanana_checks_the_config_and_the_folder(built):
-    for config, features in CONFIG_FEATURES.items():
+    for config in CONFIG_NAMES:  # what a build without --reviews holds (tests/builder/test_build_reviews.py: more)
         ds = load_medbanana(built / "with", config)
-        assert isinstance(ds, datasets.Dataset) and set(ds.column_names) == set(features)
+        assert isinstance(ds, datasets.Dataset) and set(ds.column_names) == set(CONFIG_FEATURES[config])
+    with pytest.raises(ValueError, match="--reviews"):
+        load_medbanana(built / "with", "human_review")
     with pytest.raises(ValueError, match="dpo_pairs"):
         load_medbanana(built / "with", "pairs")
     with pytest.raises(ValueError, match="build it first"):
