@@ -20,13 +20,10 @@ import multiprocessing
 import os
 import queue
 import shutil
-import traceback
 import warnings
-from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -37,30 +34,16 @@ from .manifest import write_manifest
 from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, remove_stale_staging,
                      run_folder)
 from .paper import EVAL_EXTRA, require_matplotlib, save_figure3
-from .parquet import ShardedParquetWriter, finalize_shards
+from .parquet import ConfigSchema, finalize_shards
+from .partition import PartitionSpec, error_line, partition_worker, build_partition
 from .reviews import open_reviews, write_reviews
-from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
-from .runs import Unit, discover_units, read_tasks, recorded_max_rounds, recorded_signing, task_keys, unit_size
-from .safety import POLICIES, Confined, Refused
+from .rows import IMAGE_CONFIGS
+from .runs import Unit, discover_units, recorded_max_rounds, recorded_signing, task_keys, unit_size
+from .safety import POLICIES, Refused
 from .sources import SourceIndex
 from .stats import BuildStats
 
 DEFAULT_MAX_ROUNDS = 5
-_PROGRESS_EVERY = 25
-_READERS = 4  # threads reading images ahead of the writer
-_READ_AHEAD = 16  # tasks whose images may be in memory ahead of the writer (a few MB)
-
-
-@dataclass
-class PartitionSpec:
-    part: int
-    items: list[tuple[Unit, int, int]]  # (unit, block, blocks): read the block-th of `blocks` parts of the unit
-    folder: Path
-    configs: tuple[str, ...]
-    test_fraction: float
-    max_shard_bytes: int
-    source_images: Path | None
-    unsafe: str = "error"  # safety.POLICIES
 
 
 def parse_size(text: str | int) -> int:
@@ -115,8 +98,9 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
         staging.mkdir(parents=True)
         try:
             sources_root = Path(source_images).resolve() if source_images else None
-            specs = [PartitionSpec(p, items, staging, configs, test_fraction, max_shard_bytes, sources_root, unsafe)
-                     for p, items in enumerate(plan_partitions(units, num_proc))]
+            schemas = {config: ConfigSchema.of(CONFIG_FEATURES[config]) for config in configs}
+            specs = [PartitionSpec(p, items, staging, configs, test_fraction, max_shard_bytes, schemas, sources_root,
+                                   unsafe) for p, items in enumerate(plan_partitions(units, num_proc))]
             stats, digests = _run_partitions(specs, quiet)
             sources = _check_sources(stats, source_images)
             reviewed: dict[str, dict] = {}  # review folder name -> its mode, answers, rows, answers left out
@@ -185,7 +169,7 @@ def discover_all(run_dirs: Sequence[Path], refused=None) -> list[Unit]:
         try:
             units.extend(discover_units(run_dir, refused))
         except (FileNotFoundError, ValueError) as exc:
-            raise BuildError(_message(exc)) from None
+            raise BuildError(error_line(exc)) from None
     by_name: dict[str, list[Unit]] = {}
     for unit in units:
         by_name.setdefault(unit.path.name, []).append(unit)
@@ -196,7 +180,7 @@ def discover_all(run_dirs: Sequence[Path], refused=None) -> list[Unit]:
                 try:  # entries refused here are recorded when the unit is built
                     uids = task_keys(unit, (lambda exc: None) if refused is not None else None)
                 except ValueError as exc:
-                    raise BuildError(_message(exc)) from None
+                    raise BuildError(error_line(exc)) from None
                 for uid in uids:
                     if uid in seen:
                         raise BuildError(f"task {uid} is in both {seen[uid].label} and {unit.label}; "
@@ -218,94 +202,6 @@ def plan_partitions(units: list[Unit], parts: int) -> list[list[tuple[Unit, int,
     return [[(units[i], b, blocks) for i, b in sorted(assigned)] for assigned in plan if assigned]
 
 
-def build_partition(spec: PartitionSpec, progress: Callable[[int], None]) -> tuple[BuildStats, dict[str, str]]:
-    """Write one partition's shards; returns its statistics and the SHA-256 of each shard by its partial path."""
-    with ThreadPoolExecutor(max_workers=1) as hasher, ThreadPoolExecutor(max_workers=_READERS) as readers:
-        return _write_partition(spec, progress, hasher, readers)
-
-
-def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hasher,
-                     readers) -> tuple[BuildStats, dict]:
-    writers: dict[tuple[str, str], ShardedParquetWriter] = {}
-    stats = BuildStats()
-    sources = SourceIndex(spec.source_images) if spec.source_images else None
-    refused = stats.add_refusal if spec.unsafe == "skip" else None
-    confined = Confined()  # folders resolved once for the partition (see safety.Confined)
-    for unit, block, blocks in spec.items:
-        # one unit at a time, in a function of its own: its records are freed before the next is decoded
-        _write_unit(read_tasks(unit, block, blocks, refused), spec, writers, stats, sources, confined, hasher,
-                    readers, progress)
-    digests = {}
-    for (config, split), writer in writers.items():
-        for shard in writer.close():
-            stats.shard_bytes[(config, split)] += shard.size
-            digests[str(shard.path)] = shard.sha256
-    return stats, digests
-
-
-def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None, confined: Confined,
-                  skip: bool):
-    """(task, its images, its source image) in order, reading those of the next _READ_AHEAD tasks in threads
-    meanwhile: with a cold cache one read at a time leaves the disk idle between files (reads release the GIL).
-    With `skip`, a task whose input is refused comes as (task, the Refused, None)."""
-    def read(task):
-        try:
-            source = None
-            if sources is not None:
-                source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
-                                             task.source_path)
-            return load_images(task, confined), source
-        except Refused as exc:
-            if not skip:
-                raise
-            return exc, None
-
-    window: deque = deque()
-    upcoming = iter(tasks)
-    for task in islice(upcoming, _READ_AHEAD):
-        window.append((task, readers.submit(read, task)))
-    while window:
-        task, inputs = window.popleft()
-        following = next(upcoming, None)
-        if following is not None:
-            window.append((following, readers.submit(read, following)))
-        yield task, *inputs.result()
-
-
-def _write_unit(tasks, spec: PartitionSpec, writers: dict, stats: BuildStats, sources: SourceIndex | None,
-                confined: Confined, hasher, readers: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
-    with_images = bool(IMAGE_CONFIGS & set(spec.configs))
-    loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip") if with_images
-              else ((task, {}, None) for task in tasks))
-    for done, (task, images, source) in enumerate(loaded, 1):
-        if isinstance(images, Refused):  # policy skip: the task gives no row in any config
-            stats.add_refusal(images)
-            continue
-        split = split_of(task.source_id, spec.test_fraction)
-        stats.add_task(task, images, None if sources is None or not with_images else source is not None)
-        for config in spec.configs:
-            for row in ROW_ITERATORS[config](task, images, source):
-                writer = writers.get((config, split))
-                if writer is None:
-                    writer = writers[(config, split)] = ShardedParquetWriter(
-                        spec.folder / config, split, spec.part, CONFIG_FEATURES[config], spec.max_shard_bytes, hasher)
-                stats.row_bytes[(config, split)] += writer.write(row)
-                stats.rows[(config, split)] += 1
-        if done % _PROGRESS_EVERY == 0:
-            progress(_PROGRESS_EVERY)
-    progress(len(tasks) % _PROGRESS_EVERY)
-
-
-def _partition_worker(spec: PartitionSpec, messages) -> None:
-    try:
-        stats, digests = build_partition(spec, lambda n: messages.put(("progress", n)))
-        messages.put(("done", spec.part, (stats, digests)))
-    except (ValueError, OSError) as exc:  # bad input or a full disk: the message says it all
-        messages.put(("error", spec.part, _message(exc)))
-    except BaseException as exc:  # a bug: keep the traceback
-        messages.put(("error", spec.part, f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}"))
-
-
 def _run_partitions(specs: list[PartitionSpec], quiet: bool) -> tuple[BuildStats, dict[str, str]]:
     total, digests = BuildStats(), {}
     with tqdm(desc="medbanana build", unit=" tasks", disable=quiet) as bar:
@@ -313,12 +209,12 @@ def _run_partitions(specs: list[PartitionSpec], quiet: bool) -> tuple[BuildStats
             try:
                 stats, digests = build_partition(specs[0], bar.update)
             except (ValueError, OSError) as exc:  # unreadable JSON, a full disk, ...: say which, no traceback
-                raise BuildError(_message(exc)) from exc
+                raise BuildError(error_line(exc)) from exc
             total.merge(stats)
             return total, digests
         ctx = multiprocessing.get_context("spawn")  # pyarrow's thread pools do not survive fork
         messages = ctx.Queue()
-        procs = [ctx.Process(target=_partition_worker, args=(spec, messages), daemon=True) for spec in specs]
+        procs = [ctx.Process(target=partition_worker, args=(spec, messages), daemon=True) for spec in specs]
         for proc in procs:
             proc.start()
         finished: set[int] = set()
@@ -368,14 +264,6 @@ def _finalize(folder: Path, configs: tuple[str, ...], splits: list[str], digests
     return files, final_digests
 
 
-def _message(exc: Exception) -> str:
-    """One line: the error, and for a refusal the option that turns refusals into recorded skips."""
-    text = " ".join(str(exc).split())
-    if isinstance(exc, Refused):
-        text += " (`--unsafe skip` leaves such inputs out and lists them in medbanana-build.json)"
-    return text
-
-
 def _signing(units: list[Unit]) -> dict[str, int]:
     """Certificate fingerprint -> runs that signed their images with it (C2PA), for the card."""
     fingerprints = [recorded_signing(run_dir) for run_dir in sorted({u.run_dir for u in units})]
@@ -388,6 +276,6 @@ def _max_rounds(units: list[Unit], stats: BuildStats | None) -> int:
     try:
         found = [recorded_max_rounds(run_dir, refused) for run_dir in sorted({u.run_dir for u in units})]
     except ValueError as exc:
-        raise BuildError(_message(exc)) from None
+        raise BuildError(error_line(exc)) from None
     return max((n for n in found if n is not None), default=DEFAULT_MAX_ROUNDS)
 

@@ -192,9 +192,9 @@ def _escaped_texts(stats: BuildStats) -> BuildStats:
     escaped.success_rounds = Counter()
     for (m, t, r), n in stats.success_rounds.items():
         escaped.success_rounds[(md_escape(m), md_escape(t), r)] += n
-    escaped.failure_reasons = Counter()  # a cached_property: setting it on the copy replaces what it derives
+    escaped.rejection_texts, escaped.reason_counts = Counter(), Counter()
     for reason, n in stats.failure_reasons.items():
-        escaped.failure_reasons[md_escape(reason)] += n
+        escaped.reason_counts[md_escape(reason)] += n
     return escaped
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasets import Features, Image, Value
 
 from .manifest import sha256_file
 
@@ -25,6 +24,24 @@ ROWS_PER_GROUP = 100  # what datasets uses for image data: a few MB per group, c
 GROUP_BYTES = 16 * 2**20
 
 _encoder = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True)
+class ConfigSchema:
+    """What a writer needs of a config's `Features`, made once by the parent: it pickles without `datasets`, so
+    build workers never import it."""
+
+    arrow: pa.Schema  # with the `huggingface` metadata that load_dataset reads the features from
+    image_columns: tuple[str, ...]
+    options: dict  # ParquetWriter options: compression, dictionary and statistics per column
+
+    @classmethod
+    def of(cls, features) -> ConfigSchema:
+        from datasets import Image
+
+        schema = features.arrow_schema
+        images = tuple(name for name, f in features.items() if isinstance(f, Image))
+        return cls(schema, images, _writer_options(schema, features, images))
 
 
 @dataclass
@@ -38,14 +55,14 @@ class Shard:
 class ShardedParquetWriter:
     """Writes the rows of one (config, split) of one build partition."""
 
-    def __init__(self, folder: Path, split: str, part: int, features: Features, max_shard_bytes: int,
+    def __init__(self, folder: Path, split: str, part: int, schema: ConfigSchema, max_shard_bytes: int,
                  hasher: Executor | None = None):
         self.folder, self.split, self.part = Path(folder), split, part
-        self.features, self.schema = features, features.arrow_schema
+        self.schema = schema.arrow
         self.max_shard_bytes = max_shard_bytes
         self.group_bytes = max(1, min(GROUP_BYTES, max_shard_bytes // 2))
-        self.image_columns = [name for name, f in features.items() if isinstance(f, Image)]
-        self._options = _writer_options(self.schema, features, self.image_columns)
+        self.image_columns = schema.image_columns
+        self._options = schema.options
         self._pending: list[dict] = []
         self._pending_bytes = 0
         self._writer: pq.ParquetWriter | None = None
@@ -117,7 +134,9 @@ def _leaf_paths(name: str, typ: pa.DataType):
         yield name
 
 
-def _writer_options(schema: pa.Schema, features: Features, image_columns: list[str]) -> dict:
+def _writer_options(schema: pa.Schema, features, image_columns: tuple[str, ...]) -> dict:
+    from datasets import Value
+
     image_leaves = {f"{col}.bytes" for col in image_columns}
     leaves = [leaf for field in schema for leaf in _leaf_paths(field.name, field.type)]
     text = [leaf for leaf in leaves if leaf not in image_leaves]

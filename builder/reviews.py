@@ -15,7 +15,7 @@ from ..review.store import ReviewStore
 from . import REVIEW_CONFIG
 from .features import CONFIG_FEATURES
 from .output import BuildError
-from .parquet import ShardedParquetWriter
+from .parquet import ConfigSchema, ShardedParquetWriter
 from .rows import split_of
 from .stats import BuildStats
 
@@ -84,12 +84,13 @@ def write_reviews(stores: Sequence[ReviewStore], folder: Path, built_uids: set[s
     their digests by path and what each review gave."""
     writers: dict[str, ShardedParquetWriter] = {}
     info: dict[str, dict] = {}
+    schema = ConfigSchema.of(CONFIG_FEATURES[REVIEW_CONFIG])
     for source_id, row in review_rows(stores, built_uids, info):
         split = split_of(source_id, test_fraction)
         writer = writers.get(split)
         if writer is None:
             writer = writers[split] = ShardedParquetWriter(folder / REVIEW_CONFIG, split, 0,
-                                                           CONFIG_FEATURES[REVIEW_CONFIG], max_shard_bytes, hasher)
+                                                           schema, max_shard_bytes, hasher)
         stats.row_bytes[(REVIEW_CONFIG, split)] += writer.write(row)
         stats.rows[(REVIEW_CONFIG, split)] += 1
     digests = {}

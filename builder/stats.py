@@ -8,7 +8,6 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from ..generation.records import as_bool
 from ..generation.rundir.provenance import read_mark
@@ -33,9 +32,10 @@ class BuildStats:
     attempts: Counter = field(default_factory=Counter)  # (modality, direction) -> attempts
     verdicts: Counter = field(default_factory=Counter)  # (is add, raw judge values...) -> attempts; see below
     no_pair: Counter = field(default_factory=Counter)  # why a task gives no DPO pair -> tasks
-    # verdict text -> rejected attempts with it; split into clauses only when summarised (counting whole texts
-    # here is a C-speed hash, clause-splitting every verdict of a release took ~10 s on 88k tasks)
+    # verdict text -> rejected attempts with it, not yet split into clauses: counting whole texts is a C-speed
+    # hash, and each distinct text is split once, by `count_reasons`, at the end of its partition (in parallel)
     rejection_texts: Counter = field(default_factory=Counter)
+    reason_counts: Counter = field(default_factory=Counter)  # verdict clause -> rejected attempts naming it
     image_marks: Counter = field(default_factory=Counter)  # IPTC DigitalSourceType (or UNMARKED) -> images read
     edit_errors: int = 0
     image_files_read: int = 0
@@ -125,15 +125,19 @@ class BuildStats:
 
     # --- summaries ---
 
-    @cached_property
-    def failure_reasons(self) -> Counter:
-        """Verdict clause -> rejected attempts naming it (each clause once per attempt).
-        Computed once, when first read: read summaries after the partitions' statistics are merged."""
-        reasons: Counter = Counter()
+    def count_reasons(self) -> None:
+        """Split the verdict texts counted so far into clauses, added to `reason_counts` (each clause once per
+        attempt). Clause counts add up across partitions, so each partition splits its own texts."""
         for text, n in self.rejection_texts.items():
             for phrase in reason_phrases(text):
-                reasons[phrase] += n
-        return reasons
+                self.reason_counts[phrase] += n
+        self.rejection_texts.clear()
+
+    @property
+    def failure_reasons(self) -> Counter:
+        """Verdict clause -> rejected attempts naming it."""
+        self.count_reasons()
+        return self.reason_counts
 
     def top_failure_reasons(self, top: int) -> list[tuple[str, int]]:
         """The `top` most frequent reasons; ties in alphabetical order, so the card does not depend on which

@@ -1,0 +1,136 @@
+"""One build partition, in the process that writes it: its units' tasks -> rows -> parquet shards, statistics.
+
+Spawned build workers import this module, not `build`: it needs pyarrow and the run readers, not `datasets` (the
+schemas arrive made, in `PartitionSpec.schemas`), so a worker starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+from .parquet import ConfigSchema, ShardedParquetWriter
+from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
+from .runs import Unit, read_tasks
+from .safety import Confined, Refused
+from .sources import SourceIndex
+from .stats import BuildStats
+
+_PROGRESS_EVERY = 25
+_READERS = 4  # threads reading images ahead of the writer
+_READ_AHEAD = 16  # tasks whose images may be in memory ahead of the writer (a few MB)
+
+
+@dataclass
+class PartitionSpec:
+    part: int
+    items: list[tuple[Unit, int, int]]  # (unit, block, blocks): read the block-th of `blocks` parts of the unit
+    folder: Path
+    configs: tuple[str, ...]
+    test_fraction: float
+    max_shard_bytes: int
+    schemas: dict[str, ConfigSchema]  # config -> its parquet schema, made by the parent from CONFIG_FEATURES
+    source_images: Path | None
+    unsafe: str = "error"  # safety.POLICIES
+
+
+def build_partition(spec: PartitionSpec, progress: Callable[[int], None]) -> tuple[BuildStats, dict[str, str]]:
+    """Write one partition's shards; returns its statistics and the SHA-256 of each shard by its partial path."""
+    with ThreadPoolExecutor(max_workers=1) as hasher, ThreadPoolExecutor(max_workers=_READERS) as readers:
+        return _write_partition(spec, progress, hasher, readers)
+
+
+def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hasher,
+                     readers) -> tuple[BuildStats, dict]:
+    writers: dict[tuple[str, str], ShardedParquetWriter] = {}
+    stats = BuildStats()
+    sources = SourceIndex(spec.source_images) if spec.source_images else None
+    refused = stats.add_refusal if spec.unsafe == "skip" else None
+    confined = Confined()  # folders resolved once for the partition (see safety.Confined)
+    for unit, block, blocks in spec.items:
+        # one unit at a time, in a function of its own: its records are freed before the next is decoded
+        _write_unit(read_tasks(unit, block, blocks, refused), spec, writers, stats, sources, confined, hasher,
+                    readers, progress)
+    digests = {}
+    stats.count_reasons()  # here, in the partition's process: the partitions split their verdict texts in parallel
+    for (config, split), writer in writers.items():
+        for shard in writer.close():
+            stats.shard_bytes[(config, split)] += shard.size
+            digests[str(shard.path)] = shard.sha256
+    return stats, digests
+
+
+def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None, confined: Confined,
+                  skip: bool):
+    """(task, its images, its source image) in order, reading those of the next _READ_AHEAD tasks in threads
+    meanwhile: with a cold cache one read at a time leaves the disk idle between files (reads release the GIL).
+    With `skip`, a task whose input is refused comes as (task, the Refused, None)."""
+    def read(task):
+        try:
+            source = None
+            if sources is not None:
+                source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
+                                             task.source_path)
+            return load_images(task, confined), source
+        except Refused as exc:
+            if not skip:
+                raise
+            return exc, None
+
+    window: deque = deque()
+    upcoming = iter(tasks)
+    for task in islice(upcoming, _READ_AHEAD):
+        window.append((task, readers.submit(read, task)))
+    while window:
+        task, inputs = window.popleft()
+        following = next(upcoming, None)
+        if following is not None:
+            window.append((following, readers.submit(read, following)))
+        yield task, *inputs.result()
+
+
+def _write_unit(tasks, spec: PartitionSpec, writers: dict, stats: BuildStats, sources: SourceIndex | None,
+                confined: Confined, hasher, readers: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
+    with_images = bool(IMAGE_CONFIGS & set(spec.configs))
+    loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip") if with_images
+              else ((task, {}, None) for task in tasks))
+    for done, (task, images, source) in enumerate(loaded, 1):
+        if isinstance(images, Refused):  # policy skip: the task gives no row in any config
+            stats.add_refusal(images)
+            continue
+        split = split_of(task.source_id, spec.test_fraction)
+        stats.add_task(task, images, None if sources is None or not with_images else source is not None)
+        for config in spec.configs:
+            for row in ROW_ITERATORS[config](task, images, source):
+                writer = writers.get((config, split))
+                if writer is None:
+                    writer = writers[(config, split)] = ShardedParquetWriter(
+                        spec.folder / config, split, spec.part, spec.schemas[config], spec.max_shard_bytes, hasher)
+                stats.row_bytes[(config, split)] += writer.write(row)
+                stats.rows[(config, split)] += 1
+        if done % _PROGRESS_EVERY == 0:
+            progress(_PROGRESS_EVERY)
+    progress(len(tasks) % _PROGRESS_EVERY)
+
+
+def partition_worker(spec: PartitionSpec, messages) -> None:
+    try:
+        stats, digests = build_partition(spec, lambda n: messages.put(("progress", n)))
+        messages.put(("done", spec.part, (stats, digests)))
+    except (ValueError, OSError) as exc:  # bad input or a full disk: the message says it all
+        messages.put(("error", spec.part, error_line(exc)))
+    except BaseException as exc:  # a bug: keep the traceback
+        messages.put(("error", spec.part, f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def error_line(exc: Exception) -> str:
+    """One line: the error, and for a refusal the option that turns refusals into recorded skips."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, Refused):
+        text += " (`--unsafe skip` leaves such inputs out and lists them in medbanana-build.json)"
+    return text
