@@ -11,8 +11,8 @@ import hashlib
 import io
 import random
 import time
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 
 from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples
@@ -57,31 +57,45 @@ def read_edits(path: Path, *, source_images: Path | None = None) -> list[Sample]
 
 
 def stratified_sample(samples: list[Sample], n: int, seed: int) -> list[Sample]:
-    """`n` samples taken one stratum at a time in a seeded order, so small strata are represented; reproducible.
+    """`n` samples drawn in turn across modalities, then within each across directions, diseases and the judge's
+    outcome (seeded orders at every level), so that small strata are represented; reproducible.
 
     >>> from types import SimpleNamespace as S
-    >>> pool = [S(id=f"a{i}", modality="m", direction="add", disease="x", accepted=True) for i in range(8)]
-    >>> pool += [S(id="r0", modality="m", direction="add", disease="x", accepted=False)]
-    >>> picked = stratified_sample(pool, 2, seed=0)
-    >>> sorted(s.id[0] for s in picked)
-    ['a', 'r']
+    >>> pool = [S(id=f"x{i}", modality="xray", direction="add", disease="a", accepted=True) for i in range(8)]
+    >>> pool += [S(id=f"x{i}", modality="xray", direction="add", disease=f"d{i}", accepted=True) for i in range(8)]
+    >>> pool += [S(id="m0", modality="mri", direction="add", disease="a", accepted=False)]
+    >>> sorted(s.id[0] for s in stratified_sample(pool, 2, seed=0))
+    ['m', 'x']
     """
     if n < 1:
         raise ValueError("--items must be at least 1")
     rng = random.Random(seed)
-    groups: dict[str, list] = defaultdict(list)
+    tree: dict = {}
     for sample in sorted(samples, key=lambda s: s.id):
-        groups[stratum(sample)].append(sample)
-    order = sorted(groups)
-    rng.shuffle(order)
-    for name in order:
-        rng.shuffle(groups[name])
-    picked: list = []
-    while len(picked) < n and any(groups.values()):
-        for name in order:
-            if groups[name] and len(picked) < n:
-                picked.append(groups[name].pop())
-    return picked
+        *branches, leaf = stratum(sample).split("/")
+        node = tree
+        for key in branches:
+            node = node.setdefault(key, {})
+        node.setdefault(leaf, []).append(sample)
+    return list(islice(_in_turn(tree, rng), n))
+
+
+def _in_turn(node: dict | list, rng: random.Random) -> Iterator:
+    """The samples under `node`: a leaf's in seeded random order, a branch's children taking turns."""
+    if isinstance(node, list):
+        rng.shuffle(node)
+        yield from node
+        return
+    keys = sorted(node)
+    rng.shuffle(keys)
+    turns = [_in_turn(node[key], rng) for key in keys]
+    while turns:
+        for turn in list(turns):
+            sample = next(turn, None)
+            if sample is None:
+                turns.remove(turn)
+            else:
+                yield sample
 
 
 def make_items(samples: Iterable[Sample], mode: str, folder: Path, seed: int) -> list[ReviewItem]:
