@@ -21,6 +21,28 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers wants a number or 'auto', not {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError("--workers: need at least 1")
+    return count
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"want a whole number of at least 1, not {text!r}")
+    return value
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("refinement loop")
     g.add_argument("--max-rounds", type=int, default=5, help="rounds per task before it counts as failed (default 5)")
@@ -44,6 +66,10 @@ def cmd_generate(args) -> int:
     # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
+    if args.executor != "ray" and (args.shards or args.ray_address or args.ray_gpus_per_shard):
+        print("medbanana generate: --shards, --ray-address and --ray-gpus-per-shard go with --executor ray",
+              file=sys.stderr)
+        return 2
     sources, out = args.sources, args.out
     if args.retry_failed:  # the run's recorded selection is used, and checked against any given (pipeline.py)
         if out is not None and Path(out).resolve() != Path(args.retry_failed).resolve():
@@ -70,7 +96,16 @@ def cmd_generate(args) -> int:
         image_guidance_scale=args.image_guidance_scale, resolution=args.diffusers_resolution, dtype=args.dtype,
         device=args.device, batch_size=args.diffusers_batch_size, attention=args.diffusers_attention,
         attention_dir=args.save_attention))
-    if args.workers > 1 and (args.batch or roles["editor"] == "diffusers"):
+    one_process = bool(args.batch or roles["editor"] == "diffusers")
+    if args.workers == "auto":
+        if args.executor == "ray":
+            print("medbanana generate: with --executor ray give --workers N: each shard task reserves N CPUs for "
+                  "its N processes", file=sys.stderr)
+            return 2
+        from ..runners.processes import auto_workers
+
+        args.workers = 1 if one_process else auto_workers(args.concurrency, args.limit)
+    if args.workers > 1 and one_process:
         print("medbanana generate: --workers is for API backends; with --batch one process submits everything, "
               "and a diffusers editor would load its model once per worker", file=sys.stderr)
         return 2
@@ -80,13 +115,41 @@ def cmd_generate(args) -> int:
     options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
                          accept=args.accept, retry_failed=bool(args.retry_failed), shard=args.shard,
                          workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels, c2pa=c2pa)
-    summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, spec=spec,
-                       options=options, limit=args.limit,
-                       batch={"poll_interval": args.poll_interval} if args.batch else None)
+    if args.executor == "ray":
+        summary = _generate_on_ray(args, Path(sources), Path(out), selection, spec, options)
+        if isinstance(summary, int):
+            return summary
+    else:
+        summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, spec=spec,
+                           options=options, limit=args.limit,
+                           batch={"poll_interval": args.poll_interval} if args.batch else None)
     print(summary.format())
     from ...evaluation.failures import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
 
     return generate_exit_code(summary)
+
+
+def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options):
+    """`--executor ray`: the shards as Ray tasks, then merged into --out (runners/ray_executor.py); an exit code
+    after a line on stderr for options it does not take."""
+    refused = [name for name, given in (("--shard", args.shard), ("--retry-failed", args.retry_failed),
+                                        ("--batch", args.batch)) if given]
+    if refused:
+        print(f"medbanana generate: --executor ray makes the shards itself and runs them per call; leave out "
+              f"{', '.join(refused)}", file=sys.stderr)
+        return 2
+    from ..extras import require
+
+    try:
+        require("ray", needed_for="--executor ray", extra="ray")
+    except ImportError as exc:
+        print(f"medbanana generate: {exc}", file=sys.stderr)
+        return 2
+    from ..runners.ray_executor import ShardJob, run_on_ray
+
+    job = ShardJob(sources, spec, options, selection=selection, modality=args.modality, limit=args.limit)
+    return run_on_ray(job, out, shards=args.shards, address=args.ray_address, cpus_per_shard=args.workers,
+                      gpus_per_shard=args.ray_gpus_per_shard, quiet=args.quiet)
 
 
 def signing_credentials(cert: Path | None, key: Path | None):
@@ -189,10 +252,30 @@ def register(sub) -> None:
                         "modalities, directions, shard, limit) and sources its medbanana-run.json records; "
                         "other selection options are refused")
     p.add_argument("--shard", type=_shard, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=_workers, default=1, metavar="N|auto",
                    help="processes making the calls, sharing --concurrency, --rpm and --tpm (default 1). Worth it "
                         "when the client's CPU is the limit: many calls in flight to a fast endpoint; each worker "
-                        "costs ~1 s to start. The run directory is written by this process alone")
+                        "costs ~1 s to start. The run directory is written by this process alone. 'auto': one per "
+                        "CPU this process may use (affinity and container quota), at most --concurrency and the "
+                        "number of tasks; 1 with --batch or a diffusers editor")
+    g = p.add_argument_group(
+        "several machines (Ray; pip install 'medbanana[ray]')",
+        "--executor ray runs --shards N parts of the run as Ray tasks, each into its own run directory "
+        "OUT/medbanana-shards/i-of-N/ (storage every node sees), then merges them into OUT. A task whose worker "
+        "dies is retried by Ray and resumes from its shard's journal; rerunning the same command resumes the "
+        "whole job. Nodes need the API key in their own environment: keys are never sent through Ray. On a "
+        "scheduler without Ray, use --shard i/N per job and `medbanana merge`.")
+    g.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where the run's tasks run: this machine (default) or a Ray cluster")
+    g.add_argument("--shards", type=_positive, metavar="N",
+                   help="--executor ray: parts of the run, one Ray task each (default: as many as under OUT from "
+                        "an earlier submission, else one per slot of the cluster)")
+    g.add_argument("--ray-address", metavar="auto|HOST:PORT",
+                   help="--executor ray: the cluster to join; 'auto' finds the one this node is part of (default: "
+                        "$RAY_ADDRESS, else a local cluster started for this run)")
+    g.add_argument("--ray-gpus-per-shard", type=float, default=0, metavar="G",
+                   help="--executor ray: GPUs each shard task reserves (a diffusers editor: 1); each shard also "
+                        "reserves --workers CPUs (default 0)")
     p.add_argument("--limit", type=int, help="only the first N tasks (for a quick try)")
     g = p.add_argument_group(
         "signed provenance (C2PA Content Credentials; pip install 'medbanana[c2pa]')",

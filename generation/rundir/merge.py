@@ -121,6 +121,8 @@ def _merge(inputs: list[Path], out: Path) -> dict:
             finished.append((record, copies))
     config = {k: v for k, v in configs[0].items() if k not in ("created",)}
     config["merged_from"] = [str(p.resolve()) for p in inputs]
+    if isinstance(config.get("selection"), dict):  # the merged run is every shard's: `--retry-failed` retries all
+        config["selection"] = {**config["selection"], "shard": None}
     store = RunStore(out, config).open()
     try:
         for record, copies in finished:

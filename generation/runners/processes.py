@@ -1,4 +1,4 @@
-"""Spread a run over worker processes when one event loop's CPU is the bottleneck (`generate --workers N`).
+"""Spread a run over worker processes when one event loop's CPU is the bottleneck (`generate --workers N|auto`).
 
 A client library spends several milliseconds of CPU per call (request conversion, JSON, base64 of the images, the
 HTTP stack), so one process saturates a core near a hundred calls a second. With N workers each process runs its
@@ -33,6 +33,36 @@ from .session import RunOptions, RunSession, RunSummary, call_counts, close_clie
 
 class WorkerCrashed(RuntimeError):
     """A worker process ended before finishing its tasks."""
+
+
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" in microseconds, or "max PERIOD"
+
+
+def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """The CPUs this process may run on: its affinity mask, lowered by a cgroup v2 CPU quota (a container's
+    `--cpus`), which the mask does not show."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform (macOS)
+        count = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            count = min(count, -(-int(quota) // int(period)))  # a quota of 1.5 CPUs still keeps 2 busy
+    except (OSError, ValueError):
+        pass
+    return max(1, count)
+
+
+def auto_workers(concurrency: int, tasks: int | None = None, cpus: int | None = None) -> int:
+    """`--workers auto`: one process per available CPU, never more than the calls in flight (a worker needs at
+    least one) nor the tasks to run.
+
+    >>> auto_workers(concurrency=20, cpus=8), auto_workers(concurrency=3, cpus=8), auto_workers(20, tasks=2, cpus=8)
+    (8, 3, 2)
+    """
+    count = min(available_cpus() if cpus is None else cpus, max(1, concurrency))
+    return max(1, min(count, tasks) if tasks is not None else count)
 
 
 def shares(total: int, parts: int) -> list[int]:

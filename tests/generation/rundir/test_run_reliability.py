@@ -357,3 +357,15 @@ def test_kill_9_soak_under_faults_with_a_dropped_cache_and_a_killed_retry(tmp_pa
     for path in out.rglob("*.json"):
         json.loads(path.read_text(encoding="utf-8"))
     assert not list(out.rglob("*.tmp[0-9]*"))
+
+
+def test_a_merged_run_of_shards_is_retried_whole(tiny_sources, tmp_path):
+    from medbanana.generation.runners.generate import retry_selection
+
+    for i in range(2):
+        assert main(["generate", "--sources", str(tiny_sources), "--out", str(tmp_path / f"shard{i}"),
+                     "--shard", f"{i}/2", "--max-rounds", "1", "-q"]) in (0, 3)
+    assert main(["merge", str(tmp_path / "shard0"), str(tmp_path / "shard1"), "--out", str(tmp_path / "all")]) == 0
+    recorded, known = retry_selection(tmp_path / "all")
+    assert recorded["shard"] is None  # not shard 0's [0, 2]: `--retry-failed` covers both shards' tasks
+    assert known == {line["uid"] for i in range(2) for line in _task_lines(tmp_path / f"shard{i}")}

@@ -1,0 +1,209 @@
+"""`generate --executor ray`: a run's shards as Ray tasks, merged into the run directory once all have finished.
+
+Shard i of N is one Ray task (its CPUs and GPUs reserved) that makes the same `generate` call as
+`--shard i/N`, into its own run directory OUT/medbanana-shards/{i}-of-{N}/ on storage every node sees. Each shard
+directory has its writer's lock and journal as any run directory, so a shard is resumed exactly like a run:
+when Ray retries a task whose worker process died (killed, out of memory), the new attempt skips the tasks the
+journal finished and continues the rest from their journalled rounds; the dead worker's `flock` went with it.
+Only failures of processes are retried (the task's worker, or one of its `--workers`): an error raised by the run
+itself (bad options, another process holding the shard) would fail again and is reported instead. When every
+shard has finished, the driver merges them (rundir/merge.py) into OUT and writes OUT's stats. Resubmitting the
+same command resumes: a shard whose tasks are all in its journal is not submitted again, one merged into OUT
+already is not merged again.
+
+The driver holds OUT/medbanana-shards/medbanana.lock for the whole job, so a second driver on the same OUT is
+refused at once. API keys are never sent through Ray: the nodes read them from their own environment (start the
+workers with GEMINI_API_KEY set); a local cluster, started by this command, inherits this process's environment.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..extras import require
+from ..files import atomic_write_json
+from ..rundir import layout
+from ..rundir.lock import LockHeld, hold_lock
+from ..rundir.merge import merge_runs
+from ..rundir.store import read_journal
+from ..records import Task
+from ..sources.scan import Selection, SourceLayoutError, scan_sources
+from .generate import BackendSpec, generate
+from .processes import WorkerCrashed
+from .session import RunOptions, RunSummary, in_shard
+
+SHARDS = "medbanana-shards"  # OUT's folder of shard run directories (not a layout folder: runs ignore it)
+MAX_RETRIES = 3  # attempts after a shard's worker died, each resuming from the shard's journal
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What every shard task runs, in plain picklable values: `generate` with these arguments and `--shard i/N`."""
+    sources: Path
+    spec: BackendSpec
+    options: RunOptions
+    selection: Selection = field(default_factory=Selection)
+    modality: str | None = None
+    limit: int | None = None
+
+
+def shard_dir(out: Path, index: int, count: int) -> Path:
+    return Path(out) / SHARDS / f"{index}-of-{count}"
+
+
+def run_shard(job: ShardJob, index: int, count: int, out: str) -> RunSummary:
+    """The body of one Ray task (also callable without Ray): shard index/count of the job, into its directory."""
+    options = replace(job.options, shard=(index, count), quiet=True)
+    return generate(job.sources, shard_dir(Path(out), index, count), selection=job.selection,
+                    modality=job.modality, spec=job.spec, options=options, limit=job.limit)
+
+
+def finished_uids(run_dir: Path) -> set[str]:
+    """Uids of the tasks a run directory's journal has finished (none for a directory not made yet)."""
+    return {e["uid"] for e in read_journal(Path(run_dir) / layout.JOURNAL) if e["type"] == "task"}
+
+
+def selected_tasks(job: ShardJob) -> list[Task]:
+    """The job's tasks, as `generate` selects them before taking its shard (SourceLayoutError when none)."""
+    tasks = scan_sources(job.sources, job.selection, job.modality)[:job.limit or None]
+    if not tasks:
+        raise SourceLayoutError(f"no source images under {job.sources} match the selection")
+    return tasks
+
+
+def recorded_shard_count(out: Path) -> int | None:
+    """N of the shard directories under OUT from an earlier submission (None if none; ValueError if mixed)."""
+    counts = {p.name.partition("-of-")[2] for p in (Path(out) / SHARDS).glob("*-of-*") if p.is_dir()}
+    if len(counts) > 1:
+        raise ValueError(f"{Path(out) / SHARDS} holds shards of different counts ({', '.join(sorted(counts))}); "
+                         f"give --shards")
+    return int(counts.pop()) if counts else None
+
+
+def run_on_ray(job: ShardJob, out: Path, *, shards: int | None = None, address: str | None = None,
+               cpus_per_shard: float = 1, gpus_per_shard: float = 0, quiet: bool = False) -> RunSummary:
+    """Run the job's shards as Ray tasks on the cluster at `address` ("auto": the one this node belongs to;
+    None: RAY_ADDRESS, else a local cluster started for this run), then merge them into OUT. When every shard
+    has finished already, no cluster is joined: only what is left of the merge is done."""
+    ray = require("ray", needed_for="--executor ray", extra="ray")
+    out = Path(out).resolve()  # workers start elsewhere: every path they get is absolute
+    job = replace(job, sources=Path(job.sources).resolve())
+    started = time.perf_counter()
+    with hold_lock(out / SHARDS, "sharded run (its Ray driver)"):
+        tasks = selected_tasks(job)
+        recorded = recorded_shard_count(out)
+        if shards and recorded and shards != recorded:  # other parts would run every task again, from scratch
+            raise ValueError(f"{out / SHARDS} holds {recorded} shards; resume with --shards {recorded}, or use "
+                             f"another --out")
+        count = shards or recorded
+        todo = _unfinished(tasks, out, count) if count else None
+        ran: list[RunSummary] = []
+        if todo is None or todo:
+            connected_here = not ray.is_initialized()
+            if connected_here:
+                try:
+                    ray.init(address=address, logging_level="ERROR", configure_logging=True)
+                except Exception as exc:  # ConnectionError, an authentication error, a version mismatch
+                    raise RuntimeError(f"cannot join the Ray cluster at {address or 'RAY_ADDRESS, or start one'}: "
+                                       f"{_first_line(exc)}") from None
+            try:
+                if count is None:
+                    count = _cluster_shards(ray, cpus_per_shard, gpus_per_shard)
+                    todo = _unfinished(tasks, out, count)
+                _say(quiet, f"{count} shards: {len(todo)} to run, {count - len(todo)} finished already")
+                # max_calls=1: a fresh worker per shard, so a model or client never outlives its shard
+                task = ray.remote(num_cpus=cpus_per_shard, num_gpus=gpus_per_shard, max_retries=MAX_RETRIES,
+                                  retry_exceptions=[WorkerCrashed], max_calls=1)(run_shard)
+                ran = _gather(ray, {task.remote(job, i, count, str(out)): i for i in todo}, count, quiet)
+            finally:
+                if connected_here:
+                    ray.shutdown()
+        _merge_shards(out, count)
+    return _summary(out, ran, len(tasks), time.perf_counter() - started)
+
+
+def _unfinished(tasks: list[Task], out: Path, count: int) -> list[int]:
+    """The shards whose journal lacks any of their tasks."""
+    return [i for i in range(count)
+            if not {t.uid for t in tasks if in_shard(t, (i, count))} <= finished_uids(shard_dir(out, i, count))]
+
+
+def _cluster_shards(ray, cpus: float, gpus: float) -> int:
+    """One shard per slot the cluster has for a shard's resources."""
+    resources = ray.cluster_resources()
+    slots = resources.get("GPU", 0) / gpus if gpus else resources.get("CPU", 1) / max(cpus, 1e-9)
+    return max(1, int(slots))
+
+
+def _gather(ray, pending: dict, count: int, quiet: bool) -> list[RunSummary]:
+    """Each shard's summary as it finishes; after all have ended, the first failure is raised (the others ran on
+    and keep what they finished)."""
+    summaries, failures = [], []
+    while pending:
+        (done,), _ = ray.wait(list(pending), num_returns=1)
+        index = pending.pop(done)
+        try:
+            summary = ray.get(done)
+        except ray.exceptions.RayError as exc:
+            failures.append((index, getattr(exc, "cause", None) or exc))
+            _say(quiet, f"shard {index}/{count} failed: {_first_line(failures[-1][1])}")
+            continue
+        summaries.append(summary)
+        _say(quiet, f"shard {index}/{count} finished: {summary.tasks} tasks (ran {summary.tasks - summary.skipped}) "
+                    f"in {summary.seconds:.1f} s")
+    if failures:
+        index, cause = failures[0]
+        text = (f"shard {index}/{count} failed ({len(failures)} of {count} shards failed): {_first_line(cause)}; "
+                f"what the shards finished is kept: rerun the same command to resume")
+        raise LockHeld(text) if isinstance(cause, LockHeld) else RuntimeError(text)
+    return summaries
+
+
+def _merge_shards(out: Path, count: int) -> None:
+    """Merge the shard directories not merged yet into OUT. A shard OUT holds only part of (a driver killed while
+    merging) cannot be merged again without conflicts: that is an error naming what to do."""
+    inputs = [d for d in (shard_dir(out, i, count) for i in range(count)) if (d / layout.RUN_CONFIG).exists()]
+    merged = finished_uids(out)
+    todo = [d for d in inputs if not finished_uids(d) <= merged]
+    partly = [d.name for d in todo if finished_uids(d) & merged]
+    if partly:
+        raise RuntimeError(f"{out} holds part of an interrupted merge of shard(s) {', '.join(partly)}; merge the "
+                           f"shards into a new folder instead: medbanana merge {out / SHARDS}/*-of-{count} --out NEW")
+    if todo:
+        merge_runs(todo, out)
+
+
+def _summary(out: Path, ran: list[RunSummary], tasks: int, seconds: float) -> RunSummary:
+    """OUT's summary: every finished task of the merged run counted, the calls of the shards run now."""
+    summary = RunSummary(out, tasks=tasks, seconds=seconds)
+    summary.skipped = tasks - sum(s.tasks - s.skipped for s in ran)
+    summary.api_calls = sum(s.api_calls for s in ran)
+    summary.cache_hits = sum(s.cache_hits for s in ran)
+    summary.reconciled = sum((s.reconciled for s in ran), Counter())
+    finished: dict[str, dict] = {}
+    for entry in read_journal(out / layout.JOURNAL):
+        if entry["type"] == "task":
+            finished[entry["uid"]] = entry["record"]
+    for record in finished.values():  # as session.close_run counts a run's finished tasks
+        summary.statuses[record["status"]] += 1
+        summary.failed_attempts += sum(1 for r in record["rounds"] if not r.get("accepted"))
+        if record["status"] == "success":
+            summary.success_rounds[record["success_round"]] += 1
+        if record.get("error"):
+            summary.error_kinds[record["error"]["kind"]] += 1
+    atomic_write_json(out / layout.STATS, {**summary.as_dict(), "finished_at": time.time()})
+    return summary
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _say(quiet: bool, line: str) -> None:
+    if not quiet:
+        print(f"medbanana generate: {line}", file=sys.stderr, flush=True)
