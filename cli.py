@@ -1,6 +1,7 @@
 """The `medbanana` command: each stage registers its own subcommands — demo, prepare, generate, merge, taxonomy
 (generation/commands/), build, verify, upload (builder/commands.py), eval, judge-agreement, stats
-(evaluation/commands.py) — and `main` turns what they raise into one line and an exit code."""
+(evaluation/commands.py), review (review/commands.py) — and `main` turns what they raise into one line and an exit
+code."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .evaluation import commands as evaluation_commands
     from .generation import commands as generation_commands
+    from .review import commands as review_commands
 
     generation_commands.register(sub)
     evaluation_commands.register(sub)
+    review_commands.register(sub)
     try:
         from .builder import commands as builder_commands
     except ImportError:  # the builder is part of the package; absent only in a broken install

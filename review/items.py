@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import random
+import re
 import time
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -21,6 +22,21 @@ from ..generation.records import decode_rgb
 from .store import MODES, ReviewItem, ReviewSettings, ReviewStore, refuse_existing
 
 IMAGES = "images"
+# A sentence of a refined instruction that speaks of earlier attempts tells the rater it is a later round
+_HISTORY = re.compile(r"\b(?:previous|earlier|prior|last|former|first)\s+(?:attempts?|rounds?|edits?|tries|"
+                      r"instructions?|versions?)\b", re.IGNORECASE)
+
+
+def blind_instruction(text: str) -> str:
+    """The instruction without its sentences about earlier attempts (a refined instruction's feedback), which
+    would tell a rater the round.
+
+    >>> blind_instruction("Add an effusion. Unlike the last attempt, keep the ribs. Compared with the previous "
+    ...                   "attempts: larger; softer. Keep the rest.")
+    'Add an effusion. Keep the rest.'
+    """
+    sentences = re.split(r"(?<=[.!?])\s+", text.strip())
+    return " ".join(sentence for sentence in sentences if not _HISTORY.search(sentence))
 
 
 def outcome(sample: Sample) -> str:
@@ -116,7 +132,8 @@ def make_items(samples: Iterable[Sample], mode: str, folder: Path, seed: int) ->
                       direction=sample.direction, judge=sample.recorded_verdict, accepted=sample.accepted,
                       stratum=stratum(sample))
         if mode == "rubric":
-            items.append(ReviewItem(item_id="", pair_id=sample.id, shown="pair", instruction=sample.instruction,
+            items.append(ReviewItem(item_id="", pair_id=sample.id, shown="pair",
+                                    instruction=blind_instruction(sample.instruction),
                                     images=(source, edited), **common))
             continue
         items.append(ReviewItem(item_id="", pair_id=source, shown="edited", instruction="", images=(edited,),

@@ -225,12 +225,14 @@ class ReviewStore:
         return out
 
     def progress(self, rater: str) -> tuple[int, int]:
-        """(items this rater answered, items this rater may still be given or has answered)."""
+        """(items this rater answered, items this rater may still be given or has answered); in realism mode one
+        item per source, the most a rater is given."""
         rater = check_rater_name(rater)
         with self._connect() as db:
             done = db.execute("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,)).fetchone()[0]
-            open_now = len(self._open_items(db, rater, time.time(), limit=None))
-        return done, done + open_now
+            open_ids = [row[0] for row in self._open_items(db, rater, time.time(), limit=None)]
+            pairs = {db.execute("SELECT pair_id FROM items WHERE item_id = ?", (i,)).fetchone()[0] for i in open_ids}
+        return done, done + len(pairs)
 
     # ------------------------------------------------------------ assigning and answering
 

@@ -148,3 +148,11 @@ def test_an_answer_acknowledged_survives_a_killed_process(run, tmp_path):
     assert [a.item_id for a in ReviewStore.open(store.folder).answers()] == acknowledged
     # the killed rater's claim on a third item is theirs when they come back; nothing else is lost
     assert _rate_until_done(str(store.folder), "Ana") == 2
+
+
+def test_refined_instructions_do_not_tell_the_round(run, tmp_path):
+    items = create_review(run, tmp_path / "i", mode="rubric", items=24, raters_per_item=1, seed=0).items()
+    later = [i for i in items if not i.sample_id.endswith("#1")]
+    assert later, "the sample holds no refined (round 2+) instruction to check"
+    assert all(i.instruction.startswith(("Add", "Take", "Remove")) for i in items)
+    assert not any("previous attempt" in i.instruction.lower() for i in items)

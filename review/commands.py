@@ -1,0 +1,174 @@
+"""`medbanana review`: create a blind review and serve its page, serve one again, export its labels, report on it.
+
+One parser takes the three forms (argparse cannot put a positional SOURCE beside sub-subcommands): the first word
+picks the form — `export` or `report`, else a SOURCE to sample (with --out) or a REVIEW_DIR to serve — and options
+that belong to another form are refused with one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .store import DB_NAME, MODES, ReviewStore
+
+DEFAULT_ITEMS = 100
+DEFAULT_RATERS = 2
+DEFAULT_PORT = 7860
+DEFAULT_BOOTSTRAP = 2000
+VERBS = ("export", "report")
+
+USAGE = """\
+medbanana review SOURCE --out REVIEW_DIR [--mode rubric|realism] [--items N] [--raters-per-item K]
+                        [--seed S] [--source-images DIR] [--host HOST] [--port P] [--no-serve]
+       medbanana review REVIEW_DIR [--host HOST] [--port P]
+       medbanana review export REVIEW_DIR --out labels.csv [--rater NAME]
+       medbanana review report REVIEW_DIR --out DIR [--bootstrap N] [--seed S]"""
+
+DESCRIPTION = """\
+Blind expert review of edits and of the judge, on a local web page (pip install 'medbanana[review]').
+
+  medbanana review SOURCE --out REVIEW_DIR ...
+      Sample --items edits of SOURCE (a dataset folder made by `medbanana build`, or a run directory),
+      stratified by modality, direction, disease and the judge's outcome (seeded, reproducible), into a new
+      review folder, and serve its page. rubric mode: source and edit side by side (and a slider), the
+      instruction; the rater answers the four rubric dimensions, `qualified` and an optional reason. realism
+      mode: single images, real and edited shuffled: "real or edited?" and a confidence 1-5; no rater sees one
+      source both real and edited. Raters never see the judge's verdict, the model, the round or the outcome.
+  medbanana review REVIEW_DIR
+      Serve an existing review again (a folder holding review.sqlite): raters continue where they stopped.
+  medbanana review export REVIEW_DIR --out labels.csv [--rater NAME]
+      Write a rubric review's answers as the CSV `medbanana judge-agreement RUN --human labels.csv` reads.
+  medbanana review report REVIEW_DIR --out DIR
+      Inter-rater agreement per dimension (Cohen's / Fleiss' kappa, Krippendorff's alpha, bootstrap 95 %
+      intervals), judge-vs-human agreement and confusion matrices; realism: detection accuracy and AUROC.
+
+Answers are stored as they are given (SQLite, WAL, append-only) in REVIEW_DIR/review.sqlite: several raters at
+once, a reload resumes, a stopped or killed server loses nothing answered. Each rater enters a name (letters,
+digits, spaces and . - _ ' only); on a Hugging Face Space they sign in with Hugging Face instead.
+The page is served on --host (default 127.0.0.1: this machine only) and never contacts the network."""
+
+# option -> the forms it belongs to ("create", "serve", "export", "report")
+FORMS_OF = {"mode": {"create"}, "items": {"create"}, "raters_per_item": {"create"}, "source_images": {"create"},
+            "no_serve": {"create"}, "host": {"create", "serve"}, "port": {"create", "serve"},
+            "seed": {"create", "report"}, "rater": {"export"}, "bootstrap": {"report"}}
+FORM_NAMES = {"create": "creating a review (SOURCE --out REVIEW_DIR)", "serve": "serving an existing REVIEW_DIR",
+              "export": "`medbanana review export`", "report": "`medbanana review report`"}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "review", help="blind expert review on a web page: rubric or realism, export labels, inter-rater report",
+        usage=USAGE, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n"
+               "  medbanana review demo/run --out review-1 --items 6 --raters-per-item 2   # open the URL it prints\n"
+               "  medbanana review export review-1 --out labels.csv\n"
+               "  medbanana judge-agreement demo/run --out agreement --human labels.csv")
+    p.add_argument("words", nargs="+", metavar="SOURCE|REVIEW_DIR",
+                   help="a dataset or run to sample (with --out), a review folder to serve, or export / report "
+                        "followed by a review folder")
+    p.add_argument("--out", type=Path, metavar="PATH",
+                   help="creating: the new review folder; export: the labels CSV; report: the report folder")
+    p.add_argument("--mode", choices=MODES, help="creating: rubric (default) or realism")
+    p.add_argument("--items", type=int, metavar="N", help=f"creating: edits to sample (default {DEFAULT_ITEMS})")
+    p.add_argument("--raters-per-item", type=int, metavar="K",
+                   help=f"creating: answers wanted per item (default {DEFAULT_RATERS})")
+    p.add_argument("--seed", type=int, metavar="S",
+                   help="creating: the sample's seed; report: the bootstrap's seed (default 0)")
+    p.add_argument("--source-images", type=Path, metavar="DIR",
+                   help="creating from a dataset built without its source images: the folder that holds them")
+    p.add_argument("--host", metavar="HOST",
+                   help="serving: the address to listen on (default 127.0.0.1; 0.0.0.0 opens it to the network)")
+    p.add_argument("--port", type=int, metavar="P", help=f"serving: the port (default {DEFAULT_PORT})")
+    p.add_argument("--no-serve", action="store_true", help="creating: create the review folder and stop")
+    p.add_argument("--rater", metavar="NAME", help="export: one rater's own answers instead of the majority")
+    p.add_argument("--bootstrap", type=int, metavar="N",
+                   help=f"report: bootstrap resamples for the intervals (default {DEFAULT_BOOTSTRAP})")
+    p.set_defaults(func=run_review)
+
+
+def run_review(args) -> int:
+    words = args.words
+    if words[0] in VERBS:
+        if len(words) != 2:
+            raise ValueError(f"usage: medbanana review {words[0]} REVIEW_DIR --out PATH (one review folder)")
+        _refuse_options(args, words[0])
+        if args.out is None:
+            raise ValueError(f"medbanana review {words[0]} needs --out")
+        return run_export(args, Path(words[1])) if words[0] == "export" else run_report(args, Path(words[1]))
+    if len(words) != 1:
+        raise ValueError(f"expected one SOURCE or REVIEW_DIR, got {' '.join(words)} (export and report come first: "
+                         "`medbanana review export REVIEW_DIR --out labels.csv`)")
+    target = Path(words[0])
+    is_review = (target / DB_NAME).is_file()
+    if args.out is None:
+        if not is_review:
+            what = "is not a review folder (no review.sqlite)" if target.exists() else "does not exist"
+            raise FileNotFoundError(f"{target} {what}; to create a review from a dataset or run, give --out "
+                                    "REVIEW_DIR")
+        _refuse_options(args, "serve")
+        return _serve(ReviewStore.open(target), args)
+    if is_review:
+        raise ValueError(f"{target} is a review folder, not a dataset or run: serve it with `medbanana review "
+                         f"{target}` (without --out)")
+    _refuse_options(args, "create")
+    return run_create(args, target)
+
+
+def _refuse_options(args, form: str) -> None:
+    given = [name for name, forms in FORMS_OF.items() if form not in forms and getattr(args, name) not in (None, False)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        hint = " (options of creating a review are fixed when it is created)" if form == "serve" else ""
+        raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to {FORM_NAMES[form]}{hint}")
+
+
+def run_create(args, source: Path) -> int:
+    from .items import create_review
+
+    store = create_review(source, args.out, mode=args.mode or "rubric",
+                          items=DEFAULT_ITEMS if args.items is None else args.items,
+                          raters_per_item=DEFAULT_RATERS if args.raters_per_item is None else args.raters_per_item,
+                          seed=0 if args.seed is None else args.seed, source_images=args.source_images)
+    settings = store.settings
+    items = store.items()
+    few = settings.edits < settings.requested_items
+    short = f" (fewer edits than --items {settings.requested_items})" if few else ""
+    print(f"created review {args.out}: {len(items)} {settings.mode} items from {settings.edits} edits{short}, "
+          f"{settings.raters_per_item} rater(s) per item, seed {settings.seed}")
+    if args.no_serve:
+        print(f"serve it with: medbanana review {args.out}")
+        return 0
+    try:
+        return _serve(store, args)
+    except ValueError as exc:  # e.g. the port is taken: the review exists now, so creating it again would fail
+        raise ValueError(f"{exc} (the review is created: serve it with `medbanana review {args.out} --port P`)") \
+            from exc
+
+
+def _serve(store: ReviewStore, args) -> int:
+    from .app import serve
+
+    return serve(store, host=args.host or "127.0.0.1", port=DEFAULT_PORT if args.port is None else args.port)
+
+
+def run_export(args, folder: Path) -> int:
+    from .export import export_labels
+
+    summary = export_labels(folder, args.out, rater=args.rater)
+    who = f"rater {summary['rater']}" if summary.get("rater") else f"{summary['raters']} rater(s), majority labels"
+    print(f"wrote {summary['rows']} labelled edits to {args.out} ({summary['answers']} answers, {who}; "
+          f"{summary['items_answered']} of {summary['items']} items answered)")
+    if summary.get("left_out_qualified_tie"):
+        print(f"left out {summary['left_out_qualified_tie']} edit(s) whose raters tie on qualified")
+    print(f"compare with the judge: medbanana judge-agreement SOURCE --out DIR --human {args.out}")
+    return 0
+
+
+def run_report(args, folder: Path) -> int:
+    from .report import write_report
+
+    report = write_report(folder, args.out, bootstrap=DEFAULT_BOOTSTRAP if args.bootstrap is None else args.bootstrap,
+                          seed=0 if args.seed is None else args.seed)
+    print(f"wrote {report}")
+    return 0
