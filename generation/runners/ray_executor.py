@@ -188,13 +188,7 @@ def _summary(out: Path, ran: list[RunSummary], tasks: int, seconds: float) -> Ru
     for entry in read_journal(out / layout.JOURNAL):
         if entry["type"] == "task":
             finished[entry["uid"]] = entry["record"]
-    for record in finished.values():  # as session.close_run counts a run's finished tasks
-        summary.statuses[record["status"]] += 1
-        summary.failed_attempts += sum(1 for r in record["rounds"] if not r.get("accepted"))
-        if record["status"] == "success":
-            summary.success_rounds[record["success_round"]] += 1
-        if record.get("error"):
-            summary.error_kinds[record["error"]["kind"]] += 1
+    summary.count_finished(finished.values())
     atomic_write_json(out / layout.STATS, {**summary.as_dict(), "finished_at": time.time()})
     return summary
 

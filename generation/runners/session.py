@@ -54,6 +54,16 @@ class RunSummary:
     dataset_dir: Path | None = None  # set when a dataset was built from the run (the demo)
     dataset: dict | None = None  # its medbanana-build.json
 
+    def count_finished(self, records) -> None:
+        """Add finished task records (journal `record`s) to the statuses, failed attempts, rounds and errors."""
+        for record in records:
+            self.statuses[record["status"]] += 1
+            self.failed_attempts += sum(1 for r in record["rounds"] if not r.get("accepted"))
+            if record["status"] == "success":
+                self.success_rounds[record["success_round"]] += 1
+            if record.get("error"):
+                self.error_kinds[record["error"]["kind"]] += 1
+
     def as_dict(self) -> dict:
         return {"tasks": sum(self.statuses.values()), "ran_now": self.tasks - self.skipped, "skipped": self.skipped,
                 "success": self.statuses["success"], "failed": self.statuses["failed"],
@@ -130,13 +140,7 @@ def close_run(store: RunStore, summary: RunSummary, started: float) -> RunSummar
     a runner is interrupted: it does nothing after this."""
     store.materialize()
     summary.seconds = time.perf_counter() - started
-    for record in store.finished.values():
-        summary.statuses[record["status"]] += 1
-        summary.failed_attempts += sum(1 for r in record["rounds"] if not r.get("accepted"))
-        if record["status"] == "success":
-            summary.success_rounds[record["success_round"]] += 1
-        if record.get("error"):
-            summary.error_kinds[record["error"]["kind"]] += 1
+    summary.count_finished(store.finished.values())
     atomic_write_json(Path(summary.run_dir) / layout.STATS, {**summary.as_dict(), "finished_at": time.time()})
     store.close()
     return summary
