@@ -94,7 +94,17 @@ async def run_exchange(exchange: Exchange[T], transport: GeminiTransport) -> T:
     async def call(request: Request) -> Answer:
         return read_answer(await transport.generate(request.model, request.contents, request.config))
 
-    return await drive(exchange, call, lambda r: transport.forget(r.model, r.contents, r.config))
+    return await drive(exchange, call, lambda r: transport.forget(r.model, r.contents, r.config), needs_decoding)
+
+
+def needs_decoding(answer: Answer) -> bool:
+    """Whether the editor must decode the answer's image (to re-encode it, or to prove it whole): see
+    GeminiEditor._edited. The exchange then reads it on a worker thread."""
+    return bool(answer.images) and not _whole_jpeg(answer.images[-1].data)
+
+
+def _whole_jpeg(data: bytes) -> bool:
+    return data[:3] == JPEG_MAGIC and data.rstrip(b"\0").endswith(JPEG_END)
 
 
 # ---------------------------------------------------------------- backends
@@ -211,7 +221,7 @@ class GeminiEditor(_GeminiBackend, Editor):
         is_jpeg = data[:3] == JPEG_MAGIC
         # A JPEG that ends with its end-of-image marker is kept without decoding (a full decode costs more than
         # the rest of the call on the client); anything else must decode, to re-encode or to prove it whole.
-        if not (is_jpeg and data.rstrip(b"\0").endswith(JPEG_END)):
+        if not _whole_jpeg(data):
             try:
                 array = decode_rgb(data)
             except ValueError as exc:

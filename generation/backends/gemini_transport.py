@@ -14,7 +14,6 @@ the inline limit, as an uploaded JSONL file; `get_batch` polls; `batch_results` 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import ValidationError
 
+from .gemini_wire import InlineData, encode, part_for_key, rest_contents
 from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
     parse_retry_after
 from ..secrets import hold, holds_secret, scrub, scrub_model
@@ -68,10 +68,12 @@ class RequestCache(ResponseCache):
     """Gemini answers by request (model, contents, config), kept as the JSON the API sent."""
 
     @staticmethod
-    def key(model: str, contents: list[types.Content], config: types.GenerateContentConfig) -> str:
-        """sha256 of the payload, inline data stood in for by its own sha256: hashing image bytes once is far
-        cheaper than base64 and JSON of them on every call."""
-        return ResponseCache.hash({"model": model, "contents": [_content_for_key(c) for c in contents],
+    def key(model: str, contents: list[types.Content], config: types.GenerateContentConfig,
+            inline: InlineData | None = None) -> str:
+        """sha256 of the payload, inline data stood in for by its own sha256 (made once per bytes object by
+        `inline`, the transport's): far cheaper than base64 and JSON of the bytes on every call."""
+        inline = inline or InlineData()
+        return ResponseCache.hash({"model": model, "contents": [_content_for_key(c, inline) for c in contents],
                                    "config": config.model_dump(mode="json", exclude_none=True)})
 
     def get(self, key: str) -> types.GenerateContentResponse | None:
@@ -97,16 +99,8 @@ def scrub_response(response: types.GenerateContentResponse, body: str) -> tuple[
     return clean, clean.model_dump_json(exclude_none=True, exclude={"sdk_http_response"})
 
 
-def _content_for_key(content: types.Content) -> dict:
-    parts = []
-    for part in content.parts or []:
-        blob = part.inline_data
-        if blob is not None and blob.data is not None:
-            rest = part.model_dump(mode="json", exclude_none=True, exclude={"inline_data": {"data"}})
-            parts.append({**rest, "inline_data_sha256": hashlib.sha256(blob.data).hexdigest()})
-        else:
-            parts.append(part.model_dump(mode="json", exclude_none=True))
-    return {"role": content.role, "parts": parts}
+def _content_for_key(content: types.Content, inline: InlineData) -> dict:
+    return {"role": content.role, "parts": [part_for_key(part, inline) for part in content.parts or []]}
 
 
 def _retry_info_delay(details) -> float | None:
@@ -153,12 +147,13 @@ class Request:
     config: types.GenerateContentConfig
 
 
-def rest_request(request: Request) -> dict:
-    """The REST JSON body of a generateContent request (a batch JSONL line's "request")."""
+def rest_request(request: Request, inline: InlineData | None = None) -> dict:
+    """The REST JSON body of a generateContent request (a batch JSONL line's "request"); inline bytes as base64
+    made once per bytes object by `inline` (gemini_wire)."""
     config = request.config.model_dump(mode="json", by_alias=True, exclude_none=True)
     if unsupported := sorted(set(config) - GENERATION_CONFIG_FIELDS):
         raise ValueError(f"batch requests carry generationConfig fields only, not {', '.join(unsupported)}")
-    body = {"contents": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in request.contents]}
+    body = {"contents": rest_contents(request.contents, inline or InlineData())}
     if config:
         body["generationConfig"] = config
     return body
@@ -200,6 +195,28 @@ def _read_results_file(path: Path) -> Iterator[tuple[str, BatchItem]]:
     path.unlink()
 
 
+def _direct_post(client: genai.Client):
+    """`await post(path, body) -> str`: a JSON body already encoded, POSTed by the SDK's async HTTP client (the
+    SDK's request building and sending take encoded bytes as they are); None where the SDK lacks either. Not
+    documented names, so looked up here."""
+    api = getattr(client.aio, "_api_client", None)
+    build, send = getattr(api, "_build_request", None), getattr(api, "_async_request", None)
+    if build is None or send is None:
+        return None
+    # Without retry options of its own, the SDK's retry wrapper never retries (ours does): one attempt direct.
+    once = getattr(api, "_async_request_once", None)
+    if once is not None and getattr(getattr(api, "_http_options", None), "retry_options", True) is None:
+        send = lambda http_request, http_options, stream: once(http_request, stream)  # noqa: E731
+
+    async def post(path: str, body: bytes) -> str:
+        request = build("post", path, {}, None)
+        request.data = body
+        response = await send(http_request=request, http_options=None, stream=False)
+        return (response.response_stream[0] if response.response_stream else "") or ""
+
+    return post
+
+
 class GeminiTransport(Transport):
     """The google-genai async client plus everything around a call (http.Transport: timeout, retries, limits per
     model, the request cache). One instance may serve several backends; options as http.Transport's, plus api_key
@@ -216,9 +233,10 @@ class GeminiTransport(Transport):
         if base_url:
             http_options.base_url = base_url
         self._client = genai.Client(api_key=self._secret, http_options=http_options)
-        # google-genai's async HTTP request (method, path, JSON body, options): not a documented name, so looked up
-        # here; without it every call takes the SDK's public method (see `_answer`)
-        self.direct = getattr(getattr(self._client.aio, "_api_client", None), "async_request", None)
+        self.inline = InlineData()  # base64 and sha256 of the images in flight, made once each
+        # POST of a JSON body we encoded, through the SDK's HTTP client; None where this SDK lacks what it needs,
+        # and then every call takes the SDK's public method (see `_answer`)
+        self.direct = _direct_post(self._client)
 
     async def call(self, what: str, make_call, *, timeout: float | None = None, limiter: RateLimiter | None = None):
         """`await make_call()` with retries (http.Transport.call_with_retries), google-genai's errors classified."""
@@ -227,12 +245,13 @@ class GeminiTransport(Transport):
     async def generate(self, model: str, contents: list[types.Content],
                        config: types.GenerateContentConfig) -> types.GenerateContentResponse:
         """One request, from the cache when it already completed once; raises APIError(kind, message)."""
-        key = self.cache.key(model, contents, config) if self.cache else ""
+        key = self.cache.key(model, contents, config, self.inline) if self.cache else ""
         if self.cache and (cached := self.cache.get(key)) is not None:
             self.cache_hits += 1
             return cached
         # The HTTP body as it came: parsed once here, and the cache stores that text as is (the SDK's conversion of
-        # the answer plus re-serialising it for the cache cost ~15 % of throughput at 100 calls/s).
+        # the answer plus re-serialising it for the cache cost ~15 % of throughput at 100 calls/s). Written here,
+        # not by a worker thread: handing a write of this size to a thread costs the process more CPU than the write.
         response, body = await self.limited_call(model, lambda: self._answer(model, contents, config), classify,
                                                  lambda answer: _total_tokens(answer[0]))
         if self.cache:
@@ -244,19 +263,20 @@ class GeminiTransport(Transport):
         """One generateContent call: the parsed answer and its body, both scrubbed (a body that does not parse is
         retried).
 
-        With `self.direct` the REST body is ours (`rest_request`, as for batch files) and goes through the SDK's
-        own async HTTP client (its auth header, base URL, API version, timeouts and error types): the SDK's
-        conversion of the request costs about 2 ms of CPU per 1024^2 image, the largest part of a call's CPU.
-        A test checks that both ways put the same JSON on the wire."""
+        With `self.direct` the REST body is ours (`rest_request`, as for batch files, encoded by msgspec, each
+        image's base64 made once) and goes through the SDK's own async HTTP client (its auth header, base URL, API
+        version, timeouts and error types): the SDK's conversion of the request costs about 2 ms of CPU per
+        1024^2 image, the largest part of a call's CPU. A test checks that both ways put the same JSON on the
+        wire."""
         body = None
         if self.direct is not None:
             try:
-                rest = rest_request(Request(model, contents, config))
+                rest = rest_request(Request(model, contents, config), self.inline)
             except ValueError:  # config fields outside generationConfig: the SDK knows where they go
                 rest = None
             if rest is not None:
                 name = model if "/" in model else f"models/{model}"
-                body = (await self.direct("post", f"{name}:generateContent", rest, None)).body or ""
+                body = await self.direct(f"{name}:generateContent", encode(rest))
         if body is None:
             config = config.model_copy(update={"should_return_http_response": True})  # its body, unconverted
             answer = await self._client.aio.models.generate_content(model=model, contents=contents, config=config)
@@ -267,7 +287,7 @@ class GeminiTransport(Transport):
     def forget(self, model: str, contents: list[types.Content], config: types.GenerateContentConfig) -> None:
         """Drop a completed request's answer from the cache (it proved unusable), so it is asked again."""
         if self.cache:
-            self.cache.forget(self.cache.key(model, contents, config))
+            self.cache.forget(self.cache.key(model, contents, config, self.inline))
 
     async def aclose(self) -> None:
         """Close the client's connection pools (call once at the end of a run, inside its event loop)."""

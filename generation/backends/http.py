@@ -329,12 +329,14 @@ def ask_until_usable(request_for: Callable[[str | None], Req], usage_of: Callabl
 
 
 async def drive(exchange: Exchange[Req, Ans, T], call: Callable[[Req], Awaitable[Ans]],
-                forget: Callable[[Req], None]) -> T:
+                forget: Callable[[Req], None], heavy: Callable[[Ans], bool] | None = None) -> T:
     """Drive an exchange call by call.
 
     When it ends in an APIError, the answers it got are dropped from the request cache (`forget`): they were
     unusable (a refusal, an unparseable verdict), and `--retry-failed` must ask again rather than replay them.
     Answers of an exchange that ended well stay, so a resumed run replays them without paying twice.
+    An answer for which `heavy(answer)` is true (an image to decode or re-encode) is sent in on a worker thread,
+    so that the event loop keeps the other calls moving meanwhile.
     """
     answered: list[Req] = []
     try:
@@ -346,10 +348,24 @@ async def drive(exchange: Exchange[Req, Ans, T], call: Callable[[Req], Awaitable
                 request = exchange.throw(exc)
             else:
                 answered.append(request)
-                request = exchange.send(answer)
+                if heavy is not None and heavy(answer):
+                    ended, request = await asyncio.to_thread(_send, exchange, answer)
+                    if ended:
+                        return request
+                else:
+                    request = exchange.send(answer)
     except StopIteration as done:
         return done.value
     except APIError:
         for request in answered:
             forget(request)
         raise
+
+
+def _send(exchange: Exchange, answer) -> tuple[bool, object]:
+    """(True, the result) when the exchange returned, else (False, its next request): a StopIteration cannot
+    cross from a thread into an awaiting coroutine."""
+    try:
+        return False, exchange.send(answer)
+    except StopIteration as done:
+        return True, done.value

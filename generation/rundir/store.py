@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -54,6 +55,7 @@ class RunStore:
         if signer is not None:
             self.config["c2pa"] = signer.describe()
         self._source_sha256: dict[str, str] = {}  # source path -> SHA-256, named in each signed image
+        self._signing = threading.Lock()  # images may be written by worker threads; signing is one at a time
         self.finished: dict[str, dict] = {}  # uid -> task record (last journal line wins)
         self.partial: dict[str, dict[int, dict]] = defaultdict(dict)  # uid -> round -> round json
         self.reopened: set[str] = set()  # finished as api_failed, with rounds journalled after that: to continue
@@ -190,16 +192,29 @@ class RunStore:
         self._dirty = True
 
     def write_attempt(self, task: Task, attempt: Attempt, image: EditedImage | None) -> None:
-        if image is not None:
-            attempt.image_relpath = layout.attempt_image_relpath(task.dataset, task.direction, task.source_id,
-                                                                 task.disease, attempt.round, attempt.accepted)
-            # every image we write says it is synthetic (IPTC DigitalSourceType in XMP), pixels untouched
-            marked = mark_synthetic(image.data, self.config["run_id"], self.config.get("models"),
-                                    source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE),
-                                    extra={"Task": task.uid, "Round": str(attempt.round)})
-            if self.signer is not None:  # after the mark: the signature covers the final bytes
+        """A finished round: its image in place (`write_image`), then its journal line (`journal_attempt`)."""
+        self.write_image(task, attempt, image)
+        self.journal_attempt(task, attempt)
+
+    def write_image(self, task: Task, attempt: Attempt, image: EditedImage | None) -> None:
+        """The round's image, marked (and signed), renamed into place; sets `attempt.image_relpath`. Safe on worker
+        threads, several at once (the local runner hands it to one when signing): it touches no shared state but
+        the signer's, which a lock keeps to one thread."""
+        if image is None:
+            return
+        attempt.image_relpath = layout.attempt_image_relpath(task.dataset, task.direction, task.source_id,
+                                                             task.disease, attempt.round, attempt.accepted)
+        # every image we write says it is synthetic (IPTC DigitalSourceType in XMP), pixels untouched
+        marked = mark_synthetic(image.data, self.config["run_id"], self.config.get("models"),
+                                source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE),
+                                extra={"Task": task.uid, "Round": str(attempt.round)})
+        if self.signer is not None:  # after the mark: the signature covers the final bytes
+            with self._signing:
                 marked = self.signer.sign(marked, self._manifest(task, attempt))
-            atomic_write_bytes(self.run_dir / attempt.image_relpath, marked)
+        atomic_write_bytes(self.run_dir / attempt.image_relpath, marked)
+
+    def journal_attempt(self, task: Task, attempt: Attempt) -> None:
+        """The round's journal line (after its image is in place); on the thread that owns the store."""
         raw = attempt.to_round_json()
         self.partial[task.uid][attempt.round] = raw
         self._append({"type": "round", "uid": task.uid, "round": raw})
