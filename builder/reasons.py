@@ -31,7 +31,9 @@ def reason_phrases(reason: str) -> list[str]:
             text = clause.lower()
             if not text.isascii() or any(digit in text for digit in _ASCII_DIGITS):
                 text = _NUMBER.sub("N", text)
-            text = " ".join(text.split()).strip(" .,:;-")
+            if "  " in text or not text.isprintable():  # printable: no whitespace but the ASCII space
+                text = " ".join(text.split())
+            text = text.strip(" .,:;-")
             if len(text) >= 3 and text not in phrases:
                 phrases.append(text)
     return phrases

@@ -5,6 +5,7 @@ They feed the dataset card and `medbanana-build.json`; every number comes from t
 
 from __future__ import annotations
 
+import heapq
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -142,7 +143,7 @@ class BuildStats:
     def top_failure_reasons(self, top: int) -> list[tuple[str, int]]:
         """The `top` most frequent reasons; ties in alphabetical order, so the card does not depend on which
         partition finished first."""
-        return sorted(self.failure_reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+        return heapq.nsmallest(top, self.failure_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
 
     def source_counts(self) -> dict:
         """What --source-images gave, as the card, medbanana-build.json and the summary report it."""
