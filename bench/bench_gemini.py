@@ -8,7 +8,9 @@ client keeps `concurrency` calls in flight all the time and needs calls x latenc
 Each client process is one event loop, so it can also be CPU-bound: at c ms of client CPU per call, P processes
 (`generate --workers P`, "procs") make at most min(P, CPUs) x 1000/c calls per second, which caps the ratio at
 min(P, CPUs) x latency / (concurrency x c) ("cpu cap"; above 1 means not CPU-bound). The fake server shares the same
-CPUs. Sources are 1024x1024 JPEGs (the released samples in ../shared/samples when present, else synthetic ones).
+CPUs: "server ms/call" is its CPU per call, and "shared cap" the ratio the machine allows when its CPUs do both the
+client's and the server's work (above 1: not CPU-bound). Sources are 1024x1024 JPEGs (the released samples in
+../shared/samples when present, else synthetic ones).
 Each configuration runs in a fresh child process; peak RSS is that of its largest process; "import s" is the one-off
 import of google-genai and the backends, done before the clock starts. "cpu ms/call" is the client's user + system
 CPU from then to the end of the run (worker processes included), per call.
@@ -91,11 +93,17 @@ def fake_gemini_and_workdir(latency: float, name: str):
     fake = subprocess.Popen([sys.executable, "-m", "medbanana.generation.testing.fake_gemini", "--engine", "echo",
                              "--latency", str(latency)], stdout=subprocess.PIPE, text=True)
     try:
-        yield fake.stdout.readline().rsplit(" ", 1)[1].strip(), work
+        yield fake.stdout.readline().rsplit(" ", 1)[1].strip(), work, fake.pid
     finally:
         fake.terminate()
         fake.wait()
         shutil.rmtree(work)
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds a running process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -117,15 +125,17 @@ def main() -> None:
         print(json.dumps(run_one(args)))
         return
 
-    with fake_gemini_and_workdir(args.latency, "gemini") as (base_url, work):
+    with fake_gemini_and_workdir(args.latency, "gemini") as (base_url, work, server_pid):
         sources = make_sources(work / "sources", max(args.tasks))
         print(f"fake Gemini (echo engine, {args.latency} s per call) at {base_url}; sources: "
               f"{'released samples' if SAMPLES.is_dir() else 'synthetic'} 1024x1024 JPEGs; "
               f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
         print(f"{'tasks':>6} {'conc':>5} {'procs':>5} {'calls':>6} {'wall s':>7} {'tasks/s':>8} {'bound s':>8} "
-              f"{'ratio':>6} {'cpu ms/call':>11} {'cpu cap':>8} {'peak RSS MB':>11} {'import s':>8}")
+              f"{'ratio':>6} {'cpu ms/call':>11} {'cpu cap':>8} {'server ms/call':>14} {'shared cap':>10} "
+              f"{'peak RSS MB':>11} {'import s':>8}")
         for concurrency, workers, tasks in itertools.product(args.concurrency, args.workers, args.tasks):
             out = work / f"run-{tasks}-{concurrency}-{workers}"
+            server_cpu = process_cpu(server_pid)
             child = subprocess.run(
                 [sys.executable, __file__, "--one", "--tasks", str(tasks), "--concurrency", str(concurrency),
                  "--workers", str(workers), "--sources", str(sources), "--out", str(out), "--base-url", base_url],
@@ -134,9 +144,13 @@ def main() -> None:
             r = json.loads(child.stdout.strip().splitlines()[-1])
             bound, cpu_per_call = r["calls"] * args.latency / concurrency, r["client_cpu"] / r["calls"]
             cap = min(workers, os.cpu_count() or 1) * args.latency / (concurrency * cpu_per_call)
+            server_per_call = (process_cpu(server_pid) - server_cpu) / r["calls"]
+            # client and server share the machine: its CPUs do both's work for every call
+            shared_cap = (os.cpu_count() or 1) * args.latency / (concurrency * (cpu_per_call + server_per_call))
             print(f"{tasks:>6} {concurrency:>5} {workers:>5} {r['calls']:>6} {r['wall']:>7.1f} "
                   f"{tasks / r['wall']:>8.2f} {bound:>8.1f} {bound / r['wall']:>6.2f} {1000 * cpu_per_call:>11.1f} "
-                  f"{cap:>8.2f} {r['peak_rss_mb']:>11.0f} {r['imports']:>8.1f}", flush=True)
+                  f"{cap:>8.2f} {1000 * server_per_call:>14.1f} {shared_cap:>10.2f} {r['peak_rss_mb']:>11.0f} "
+                  f"{r['imports']:>8.1f}", flush=True)
             shutil.rmtree(out)
 
 
