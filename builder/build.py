@@ -36,7 +36,7 @@ from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_in
 from .paper import EVAL_EXTRA, require_matplotlib, save_figure3
 from .parquet import ConfigSchema, finalize_shards
 from .partition import PartitionSpec, error_line, partition_worker, build_partition
-from .reviews import open_reviews, write_reviews
+from .reviews import open_reviews, reviewed_uids, write_reviews
 from .rows import IMAGE_CONFIGS
 from .runs import Unit, discover_units, recorded_max_rounds, recorded_signing, task_keys, unit_size
 from .safety import POLICIES, Refused
@@ -66,9 +66,9 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
 
     `unsafe`: what a refused input does (a path leading outside its root, a file that is not an image, a
     malformed entry): "error" stops the build with a BuildError naming it; "skip" leaves its task out and lists
-    it under `stats.refused`. `reviews`: `medbanana review` folders whose answers become `human_review`. Raises BuildError, before anything is written, for an `out` holding anything a build
-    does not write or an input run (or inside one), and generation.lock.LockHeld when another process writes an
-    input run or builds `out`."""
+    it under `stats.refused`. `reviews`: `medbanana review` folders whose answers become `human_review`. Raises
+    BuildError, before anything is written, for an `out` holding anything a build does not write or an input run
+    (or inside one), and generation.lock.LockHeld when another process writes an input run or builds `out`."""
     configs = tuple(configs)
     unknown = [c for c in configs if c not in CONFIG_NAMES]
     if unknown or not configs:
@@ -99,16 +99,16 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
         try:
             sources_root = Path(source_images).resolve() if source_images else None
             schemas = {config: ConfigSchema.of(CONFIG_FEATURES[config]) for config in configs}
+            review_uids = reviewed_uids(review_stores)
             specs = [PartitionSpec(p, items, staging, configs, test_fraction, max_shard_bytes, schemas, sources_root,
-                                   unsafe) for p, items in enumerate(plan_partitions(units, num_proc))]
+                                   unsafe, review_uids) for p, items in enumerate(plan_partitions(units, num_proc))]
             stats, digests = _run_partitions(specs, quiet)
             sources = _check_sources(stats, source_images)
             reviewed: dict[str, dict] = {}  # review folder name -> its mode, answers, rows, answers left out
-            if review_stores:
-                built = {uid for unit in units for uid in task_keys(unit, lambda exc: None)}
+            if review_stores:  # the tasks reviewed that the partitions built: no second reading of the runs
                 with ThreadPoolExecutor(max_workers=1) as hasher:
-                    review_digests, reviewed = write_reviews(review_stores, staging, built, stats, test_fraction,
-                                                             max_shard_bytes, hasher)
+                    review_digests, reviewed = write_reviews(review_stores, staging, stats.reviewed_tasks, stats,
+                                                             test_fraction, max_shard_bytes, hasher)
                 digests.update(review_digests)
                 configs += (REVIEW_CONFIG,)
             for exc in found_refused:  # folders and files refused while finding the units

@@ -37,6 +37,35 @@ class PartitionSpec:
     schemas: dict[str, ConfigSchema]  # config -> its parquet schema, made by the parent from CONFIG_FEATURES
     source_images: Path | None
     unsafe: str = "error"  # safety.POLICIES
+    review_uids: frozenset[str] = frozenset()  # `build --reviews`: tasks reviewed, noted when built
+
+
+class ShardWriters:
+    """The parquet writers of one partition, one per (config, split) made on first use; rows, their bytes and the
+    shards' sizes counted into `stats`."""
+
+    def __init__(self, folder: Path, part: int, schemas: dict[str, ConfigSchema], max_shard_bytes: int, hasher,
+                 stats: BuildStats):
+        self.folder, self.part, self.schemas, self.max_shard_bytes = folder, part, schemas, max_shard_bytes
+        self.hasher, self.stats = hasher, stats
+        self._writers: dict[tuple[str, str], ShardedParquetWriter] = {}
+
+    def write(self, config: str, split: str, row: dict) -> None:
+        writer = self._writers.get((config, split))
+        if writer is None:
+            writer = self._writers[(config, split)] = ShardedParquetWriter(
+                self.folder / config, split, self.part, self.schemas[config], self.max_shard_bytes, self.hasher)
+        self.stats.row_bytes[(config, split)] += writer.write(row)
+        self.stats.rows[(config, split)] += 1
+
+    def close(self) -> dict[str, str]:
+        """Close every shard; the SHA-256 of each by its partial path."""
+        digests = {}
+        for (config, split), writer in self._writers.items():
+            for shard in writer.close():
+                self.stats.shard_bytes[(config, split)] += shard.size
+                digests[str(shard.path)] = shard.sha256
+        return digests
 
 
 def build_partition(spec: PartitionSpec, progress: Callable[[int], None]) -> tuple[BuildStats, dict[str, str]]:
@@ -47,22 +76,17 @@ def build_partition(spec: PartitionSpec, progress: Callable[[int], None]) -> tup
 
 def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hasher,
                      readers) -> tuple[BuildStats, dict]:
-    writers: dict[tuple[str, str], ShardedParquetWriter] = {}
     stats = BuildStats()
+    writers = ShardWriters(spec.folder, spec.part, spec.schemas, spec.max_shard_bytes, hasher, stats)
     sources = SourceIndex(spec.source_images) if spec.source_images else None
     refused = stats.add_refusal if spec.unsafe == "skip" else None
     confined = Confined()  # folders resolved once for the partition (see safety.Confined)
     for unit, block, blocks in spec.items:
         # one unit at a time, in a function of its own: its records are freed before the next is decoded
-        _write_unit(read_tasks(unit, block, blocks, refused), spec, writers, stats, sources, confined, hasher,
-                    readers, progress)
-    digests = {}
+        _write_unit(read_tasks(unit, block, blocks, refused), spec, writers, stats, sources, confined, readers,
+                    progress)
     stats.count_reasons()  # here, in the partition's process: the partitions split their verdict texts in parallel
-    for (config, split), writer in writers.items():
-        for shard in writer.close():
-            stats.shard_bytes[(config, split)] += shard.size
-            digests[str(shard.path)] = shard.sha256
-    return stats, digests
+    return stats, writers.close()
 
 
 def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None, confined: Confined,
@@ -94,8 +118,8 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
         yield task, *inputs.result()
 
 
-def _write_unit(tasks, spec: PartitionSpec, writers: dict, stats: BuildStats, sources: SourceIndex | None,
-                confined: Confined, hasher, readers: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
+def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildStats, sources: SourceIndex | None,
+                confined: Confined, readers: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
     with_images = bool(IMAGE_CONFIGS & set(spec.configs))
     loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip") if with_images
               else ((task, {}, None) for task in tasks))
@@ -105,14 +129,11 @@ def _write_unit(tasks, spec: PartitionSpec, writers: dict, stats: BuildStats, so
             continue
         split = split_of(task.source_id, spec.test_fraction)
         stats.add_task(task, images, None if sources is None or not with_images else source is not None)
+        if task.uid in spec.review_uids:
+            stats.reviewed_tasks.add(task.uid)
         for config in spec.configs:
             for row in ROW_ITERATORS[config](task, images, source):
-                writer = writers.get((config, split))
-                if writer is None:
-                    writer = writers[(config, split)] = ShardedParquetWriter(
-                        spec.folder / config, split, spec.part, spec.schemas[config], spec.max_shard_bytes, hasher)
-                stats.row_bytes[(config, split)] += writer.write(row)
-                stats.rows[(config, split)] += 1
+                writers.write(config, split, row)
         if done % _PROGRESS_EVERY == 0:
             progress(_PROGRESS_EVERY)
     progress(len(tasks) % _PROGRESS_EVERY)

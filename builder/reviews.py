@@ -15,7 +15,8 @@ from ..review.store import ReviewStore
 from . import REVIEW_CONFIG
 from .features import CONFIG_FEATURES
 from .output import BuildError
-from .parquet import ConfigSchema, ShardedParquetWriter
+from .parquet import ConfigSchema
+from .partition import ShardWriters
 from .rows import split_of
 from .stats import BuildStats
 
@@ -78,27 +79,21 @@ def review_rows(stores: Iterable[ReviewStore], built_uids: set[str], info: dict)
             }
 
 
+def reviewed_uids(stores: Iterable[ReviewStore]) -> frozenset[str]:
+    """The tasks the reviews' items are about: the build notes which of them it builds (`PartitionSpec`)."""
+    return frozenset(split_sample_id(item.sample_id)[0] for store in stores for item in store.items())
+
+
 def write_reviews(stores: Sequence[ReviewStore], folder: Path, built_uids: set[str], stats: BuildStats,
                   test_fraction: float, max_shard_bytes: int, hasher=None) -> tuple[dict[str, str], dict]:
     """Write the human_review shards into the staging `folder` (split by source, like every config); returns
     their digests by path and what each review gave."""
-    writers: dict[str, ShardedParquetWriter] = {}
+    writers = ShardWriters(folder, 0, {REVIEW_CONFIG: ConfigSchema.of(CONFIG_FEATURES[REVIEW_CONFIG])},
+                           max_shard_bytes, hasher, stats)
     info: dict[str, dict] = {}
-    schema = ConfigSchema.of(CONFIG_FEATURES[REVIEW_CONFIG])
     for source_id, row in review_rows(stores, built_uids, info):
-        split = split_of(source_id, test_fraction)
-        writer = writers.get(split)
-        if writer is None:
-            writer = writers[split] = ShardedParquetWriter(folder / REVIEW_CONFIG, split, 0,
-                                                           schema, max_shard_bytes, hasher)
-        stats.row_bytes[(REVIEW_CONFIG, split)] += writer.write(row)
-        stats.rows[(REVIEW_CONFIG, split)] += 1
-    digests = {}
-    for split, writer in writers.items():
-        for shard in writer.close():
-            stats.shard_bytes[(REVIEW_CONFIG, split)] += shard.size
-            digests[str(shard.path)] = shard.sha256
-    return digests, info
+        writers.write(REVIEW_CONFIG, split_of(source_id, test_fraction), row)
+    return writers.close(), info
 
 
 def _source_id(uid: str, dataset: str, direction: str, disease: str) -> str:

@@ -37,6 +37,7 @@ class BuildStats:
     # hash, and each distinct text is split once, by `count_reasons`, at the end of its partition (in parallel)
     rejection_texts: Counter = field(default_factory=Counter)
     reason_counts: Counter = field(default_factory=Counter)  # verdict clause -> rejected attempts naming it
+    reviewed_tasks: set = field(default_factory=set)  # uids built that a `--reviews` folder reviewed
     image_marks: Counter = field(default_factory=Counter)  # IPTC DigitalSourceType (or UNMARKED) -> images read
     edit_errors: int = 0
     image_files_read: int = 0
@@ -117,6 +118,8 @@ class BuildStats:
             mine = getattr(self, name)
             if isinstance(mine, Counter):
                 mine.update(value)
+            elif isinstance(mine, set):
+                mine |= value
             elif name == "refusals":  # listed in full: a left-out input is never silent
                 mine.extend(value)
             elif isinstance(mine, list):
