@@ -12,7 +12,7 @@ import os
 import time
 
 from ..generation.extras import require
-from .store import MAX_RATER_NAME, Answer, ReviewItem, ReviewStore, check_rater_name
+from .store import IMAGES, MAX_RATER_NAME, Answer, ReviewItem, ReviewStore, check_rater_name
 
 YES_NO = ("Yes", "No")
 RUBRIC_QUESTIONS = (  # Answer field -> the question, in the judge rubric's order; `qualified` last
@@ -236,7 +236,7 @@ def serve(store: ReviewStore, host: str = "127.0.0.1", port: int = 7860) -> int:
     """Serve the page until Ctrl+C (or the process is stopped); every answer is on disk as soon as it is given."""
     page = build_page(store)
     page.queue(default_concurrency_limit=8)  # the store serialises what must be; raters need not wait for each other
-    images = str((store.folder / "images").resolve())
+    images = str((store.folder / IMAGES).resolve())
     settings = store.settings
     try:
         page.launch(server_name=host, server_port=port, share=False, inbrowser=False, quiet=True, ssr_mode=False,

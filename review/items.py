@@ -19,9 +19,8 @@ from pathlib import Path
 from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples
 from ..generation.files import atomic_write_bytes
 from ..generation.records import decode_rgb
-from .store import MODES, ReviewItem, ReviewSettings, ReviewStore, refuse_existing
+from .store import IMAGES, MODES, ReviewItem, ReviewSettings, ReviewStore, refuse_existing
 
-IMAGES = "images"
 # A sentence of a refined instruction that speaks of earlier attempts tells the rater it is a later round
 _HISTORY = re.compile(r"\b(?:previous|earlier|prior|last|former|first)\s+(?:attempts?|rounds?|edits?|tries|"
                       r"instructions?|versions?)\b", re.IGNORECASE)

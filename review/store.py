@@ -24,6 +24,7 @@ from pathlib import Path
 from ..generation.records import VERDICT_BOOLEANS
 
 DB_NAME = "review.sqlite"
+IMAGES = "images"  # the folder of the items' images, the only files the page serves
 MODES = ("rubric", "realism")
 GUESSES = ("real", "edited")
 CONFIDENCE = range(1, 6)  # 1 = a guess, 5 = certain
@@ -230,8 +231,7 @@ class ReviewStore:
         rater = check_rater_name(rater)
         with self._connect() as db:
             done = db.execute("SELECT COUNT(*) FROM answers WHERE rater = ?", (rater,)).fetchone()[0]
-            open_ids = [row[0] for row in self._open_items(db, rater, time.time(), limit=None)]
-            pairs = {db.execute("SELECT pair_id FROM items WHERE item_id = ?", (i,)).fetchone()[0] for i in open_ids}
+            pairs = {pair for _item, pair, _n in self._open_items(db, rater, time.time(), limit=None)}
         return done, done + len(pairs)
 
     # ------------------------------------------------------------ assigning and answering
@@ -259,9 +259,11 @@ class ReviewStore:
         return None if held is None else self.item(held[0])
 
     def _open_items(self, db: sqlite3.Connection, rater: str, now: float, limit: int | None) -> list[tuple]:
+        """(item id, pair id, answers) of the items `rater` may be given now, the first to give first."""
         k = self.settings_value(db, "raters_per_item")
         query = (
-            "SELECT i.item_id, (SELECT COUNT(*) FROM answers a WHERE a.item_id = i.item_id) AS n FROM items i "
+            "SELECT i.item_id, i.pair_id, (SELECT COUNT(*) FROM answers a WHERE a.item_id = i.item_id) AS n "
+            "FROM items i "
             "WHERE NOT EXISTS (SELECT 1 FROM answers a WHERE a.item_id = i.item_id AND a.rater = :rater) "
             "AND NOT EXISTS (SELECT 1 FROM items j WHERE j.pair_id = i.pair_id AND j.item_id != i.item_id AND ("
             "  EXISTS (SELECT 1 FROM answers a WHERE a.item_id = j.item_id AND a.rater = :rater) OR"

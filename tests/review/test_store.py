@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from medbanana.review.items import IMAGES, create_review, read_edits
-from medbanana.review.store import DB_NAME, Answer, ReviewStore
+from medbanana.review.items import create_review, read_edits
+from medbanana.review.store import DB_NAME, IMAGES, Answer, ReviewStore
 
 YES = Answer(True, True, True, True, True, "fine")
 
