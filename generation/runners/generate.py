@@ -11,6 +11,7 @@ from .. import backends
 from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
 from ..prompts import PROMPT_NAMES, prompt_versions
 from ..rundir import layout
+from ..records import Task
 from ..rundir.provenance import DEFAULT_SOURCE_TYPE
 from .local import RunOptions, RunSummary, describe_backends, run
 from ..sources.scan import Selection, SourceLayoutError, scan_sources
@@ -86,15 +87,7 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
                                           limit=limit)
         selection, modality, limit = _selection_of(recorded), recorded.get("modality"), recorded.get("limit")
         options = replace(options, shard=tuple(recorded["shard"]) if recorded.get("shard") else None)
-    tasks = scan_sources(sources, selection, modality)
-    if limit:
-        tasks = tasks[:limit]
-    if known is not None:
-        tasks = [t for t in tasks if t.uid in known]
-    if not tasks:
-        raise SourceLayoutError(f"no source images under {sources} match the selection "
-                                f"(modalities={sorted(selection.modalities) or 'all'}, "
-                                f"diseases={sorted(selection.diseases) or 'all'}, directions={list(selection.directions)})")
+    tasks = select_tasks(sources, selection, modality, limit, known)
     if spec is not None:  # built here with workers too: to record them, and to fail on bad options before any spawn
         writer, editor, judge = spec.build(out)
     else:
@@ -120,6 +113,20 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
 
         return run_in_workers(tasks, out, spec, options, config)
     return run(tasks, out, writer, editor, judge, options, config)
+
+
+def select_tasks(sources: Path, selection: Selection, modality: str | None, limit: int | None,
+                 known: set[str] | None = None) -> list[Task]:
+    """The run's tasks before its shard is taken: the selection's, the first `limit`, those in `known` when given;
+    SourceLayoutError when none is left."""
+    tasks = scan_sources(sources, selection, modality)[:limit or None]
+    if known is not None:
+        tasks = [t for t in tasks if t.uid in known]
+    if not tasks:
+        raise SourceLayoutError(f"no source images under {sources} match the selection "
+                                f"(modalities={sorted(selection.modalities) or 'all'}, "
+                                f"diseases={sorted(selection.diseases) or 'all'}, directions={list(selection.directions)})")
+    return tasks
 
 
 def _selection_of(recorded: dict) -> Selection:

@@ -93,7 +93,7 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
             # bench/bench_gemini.py), so without signing they stay here. The journal line follows the image.
             if image is not None and store.signer is not None:
                 await asyncio.to_thread(store.write_image, task, attempt, image)
-            elif image is not None:
+            else:
                 store.write_image(task, attempt, image)
             store.journal_attempt(task, attempt)
 

@@ -31,8 +31,8 @@ from ..rundir.lock import LockHeld, hold_lock
 from ..rundir.merge import merge_runs
 from ..rundir.store import read_journal
 from ..records import Task
-from ..sources.scan import Selection, SourceLayoutError, scan_sources
-from .generate import BackendSpec, generate
+from ..sources.scan import Selection
+from .generate import BackendSpec, generate, select_tasks
 from .processes import WorkerCrashed
 from .session import RunOptions, RunSummary, in_shard
 
@@ -67,14 +67,6 @@ def finished_uids(run_dir: Path) -> set[str]:
     return {e["uid"] for e in read_journal(Path(run_dir) / layout.JOURNAL) if e["type"] == "task"}
 
 
-def selected_tasks(job: ShardJob) -> list[Task]:
-    """The job's tasks, as `generate` selects them before taking its shard (SourceLayoutError when none)."""
-    tasks = scan_sources(job.sources, job.selection, job.modality)[:job.limit or None]
-    if not tasks:
-        raise SourceLayoutError(f"no source images under {job.sources} match the selection")
-    return tasks
-
-
 def recorded_shard_count(out: Path) -> int | None:
     """N of the shard directories under OUT from an earlier submission (None if none; ValueError if mixed)."""
     counts = {p.name.partition("-of-")[2] for p in (Path(out) / SHARDS).glob("*-of-*") if p.is_dir()}
@@ -94,7 +86,7 @@ def run_on_ray(job: ShardJob, out: Path, *, shards: int | None = None, address: 
     job = replace(job, sources=Path(job.sources).resolve())
     started = time.perf_counter()
     with hold_lock(out / SHARDS, "sharded run (its Ray driver)"):
-        tasks = selected_tasks(job)
+        tasks = select_tasks(job.sources, job.selection, job.modality, job.limit)  # as each shard's `generate`
         recorded = recorded_shard_count(out)
         if shards and recorded and shards != recorded:  # other parts would run every task again, from scratch
             raise ValueError(f"{out / SHARDS} holds {recorded} shards; resume with --shards {recorded}, or use "
@@ -168,8 +160,9 @@ def _merge_shards(out: Path, count: int) -> None:
     merging) cannot be merged again without conflicts: that is an error naming what to do."""
     inputs = [d for d in (shard_dir(out, i, count) for i in range(count)) if (d / layout.RUN_CONFIG).exists()]
     merged = finished_uids(out)
-    todo = [d for d in inputs if not finished_uids(d) <= merged]
-    partly = [d.name for d in todo if finished_uids(d) & merged]
+    finished = {d: finished_uids(d) for d in inputs}  # each shard's journal read once
+    todo = [d for d in inputs if not finished[d] <= merged]
+    partly = [d.name for d in todo if finished[d] & merged]
     if partly:
         raise RuntimeError(f"{out} holds part of an interrupted merge of shard(s) {', '.join(partly)}; merge the "
                            f"shards into a new folder instead: medbanana merge {out / SHARDS}/*-of-{count} --out NEW")
