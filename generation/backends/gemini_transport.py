@@ -26,7 +26,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import ValidationError
 
-from .gemini_wire import InlineData, encode, part_for_key, rest_contents
+from .gemini_wire import DirectPost, InlineData, encode, part_for_key, rest_contents
 from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
     parse_retry_after
 from ..secrets import hold, holds_secret, scrub, scrub_model
@@ -147,13 +147,13 @@ class Request:
     config: types.GenerateContentConfig
 
 
-def rest_request(request: Request, inline: InlineData | None = None) -> dict:
+def rest_request(request: Request, inline: InlineData | None = None, raw: bool = False) -> dict:
     """The REST JSON body of a generateContent request (a batch JSONL line's "request"); inline bytes as base64
-    made once per bytes object by `inline` (gemini_wire)."""
+    made once per bytes object by `inline` (gemini_wire), as msgspec.Raw with `raw` (for `encode` only)."""
     config = request.config.model_dump(mode="json", by_alias=True, exclude_none=True)
     if unsupported := sorted(set(config) - GENERATION_CONFIG_FIELDS):
         raise ValueError(f"batch requests carry generationConfig fields only, not {', '.join(unsupported)}")
-    body = {"contents": rest_contents(request.contents, inline or InlineData())}
+    body = {"contents": rest_contents(request.contents, inline or InlineData(), raw)}
     if config:
         body["generationConfig"] = config
     return body
@@ -195,28 +195,6 @@ def _read_results_file(path: Path) -> Iterator[tuple[str, BatchItem]]:
     path.unlink()
 
 
-def _direct_post(client: genai.Client):
-    """`await post(path, body) -> str`: a JSON body already encoded, POSTed by the SDK's async HTTP client (the
-    SDK's request building and sending take encoded bytes as they are); None where the SDK lacks either. Not
-    documented names, so looked up here."""
-    api = getattr(client.aio, "_api_client", None)
-    build, send = getattr(api, "_build_request", None), getattr(api, "_async_request", None)
-    if build is None or send is None:
-        return None
-    # Without retry options of its own, the SDK's retry wrapper never retries (ours does): one attempt direct.
-    once = getattr(api, "_async_request_once", None)
-    if once is not None and getattr(getattr(api, "_http_options", None), "retry_options", True) is None:
-        send = lambda http_request, http_options, stream: once(http_request, stream)  # noqa: E731
-
-    async def post(path: str, body: bytes) -> str:
-        request = build("post", path, {}, None)
-        request.data = body
-        response = await send(http_request=request, http_options=None, stream=False)
-        return (response.response_stream[0] if response.response_stream else "") or ""
-
-    return post
-
-
 class GeminiTransport(Transport):
     """The google-genai async client plus everything around a call (http.Transport: timeout, retries, limits per
     model, the request cache). One instance may serve several backends; options as http.Transport's, plus api_key
@@ -236,7 +214,7 @@ class GeminiTransport(Transport):
         self.inline = InlineData()  # base64 and sha256 of the images in flight, made once each
         # POST of a JSON body we encoded, through the SDK's HTTP client; None where this SDK lacks what it needs,
         # and then every call takes the SDK's public method (see `_answer`)
-        self.direct = _direct_post(self._client)
+        self.direct = DirectPost.for_client(self._client)
 
     async def call(self, what: str, make_call, *, timeout: float | None = None, limiter: RateLimiter | None = None):
         """`await make_call()` with retries (http.Transport.call_with_retries), google-genai's errors classified."""
@@ -271,7 +249,7 @@ class GeminiTransport(Transport):
         body = None
         if self.direct is not None:
             try:
-                rest = rest_request(Request(model, contents, config), self.inline)
+                rest = rest_request(Request(model, contents, config), self.inline, raw=True)
             except ValueError:  # config fields outside generationConfig: the SDK knows where they go
                 rest = None
             if rest is not None:
@@ -292,6 +270,10 @@ class GeminiTransport(Transport):
     async def aclose(self) -> None:
         """Close the client's connection pools (call once at the end of a run, inside its event loop)."""
         await self._client.aio.aclose()
+        if self.direct is not None:
+            self.direct.close()
+        if self.cache:
+            self.cache.close()
 
     # ------------------------------------------------------------ the Batch API
 

@@ -5,7 +5,7 @@
   limiters: two runs, or a run and an evaluation, in one process never share a quota; the roles that share one
   transport share each model's quota.
 * `CallFailure` and the classification of a failed call that is not specific to one client library.
-* `ResponseCache`: completed answers on disk, named by a hash of their request (written atomically).
+* `ResponseCache` (response_cache.py): completed answers on disk, by a hash of their request.
 * `ask_until_usable` / `drive`: the exchange that asks again, with a note, while an answer cannot be used, and the
   driver that sends its requests and drops the cached answers of an exchange that ended in an APIError.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import email.utils
-import hashlib
 import json
 import random
 import time
@@ -26,7 +25,7 @@ from typing import Awaitable, Callable, Generator, TypeVar
 import pydantic
 
 from .base import APIError
-from ..files import atomic_write_text
+from .response_cache import ResponseCache  # noqa: F401  (the transports' cache, re-exported)
 from ..prompts import reask_note
 from ..records import Usage
 from ..secrets import scrub
@@ -185,40 +184,6 @@ def classify_common(exc: BaseException) -> CallFailure:
     if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)):
         return CallFailure("bad_response", f"{type(exc).__name__}: {exc}", True)
     raise exc
-
-
-# ---------------------------------------------------------------- cache
-
-class ResponseCache:
-    """Completed answers as files DIR/ab/abc….json named by the sha256 of their request payload. The API key is
-    not part of a payload, so it never reaches a name or a file."""
-
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-
-    @staticmethod
-    def hash(payload: dict) -> str:
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-    def path(self, key: str) -> Path:
-        return self.directory / key[:2] / f"{key}.json"
-
-    def __contains__(self, key: str) -> bool:
-        return self.path(key).exists()
-
-    def read(self, key: str) -> str | None:
-        """The stored text, None when there is none (or it is not text: asked again and replaced)."""
-        try:
-            return self.path(key).read_text(encoding="utf-8")
-        except (FileNotFoundError, UnicodeDecodeError):
-            return None
-
-    def put_json(self, key: str, body: str) -> None:
-        """Store an answer's JSON text as it is (no re-serialisation: a plain file write)."""
-        atomic_write_text(self.path(key), body)
-
-    def forget(self, key: str) -> None:
-        self.path(key).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- transport

@@ -98,6 +98,8 @@ class OpenAITransport(Transport):
 
     async def aclose(self) -> None:
         await self._client.close()
+        if self.cache:
+            self.cache.close()
 
 
 def image_part(data: bytes, mime_type: str) -> dict:

@@ -28,6 +28,7 @@ from medbanana.builder.build import build
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation import secrets
+from medbanana.generation.backends.response_cache import ResponseCache
 from medbanana.generation.secrets import MARK, scrub
 
 
@@ -183,7 +184,7 @@ def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
     assert rounds[1]["edit_result"]["error"].startswith("text_only: ") and MARK in rounds[1]["edit_result"]["error"]
     assert MARK in rounds[2]["verification"]["reason"] and MARK in rounds[2]["generate_prompt"]["thinking_summary"]
     assert records["n2.jpeg"]["error"]["kind"] == "unauthenticated" and MARK in records["n2.jpeg"]["error"]["message"]
-    cached = [p.read_text() for p in (run_dir / "medbanana-cache" / "gemini").rglob("*.json")]
+    cached = list(ResponseCache(run_dir / "medbanana-cache" / "gemini").answers().values())
     assert cached and all(MARK in text for text in cached)  # each answer echoed the headers: each was scrubbed
     parquet = _parquet_text(dataset)
     assert "request headers" in parquet and MARK in parquet and key not in parquet
@@ -203,7 +204,7 @@ def test_openai_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
     last = records["n0.jpeg"]["rounds"][-1]
     assert MARK in last["instruction"] and MARK in last["verification"]["reason"]
     assert MARK in last["generate_prompt"]["thinking_summary"] and MARK in records["n2.jpeg"]["error"]["message"]
-    cached = [json.loads(p.read_text()) for p in (run_dir / "medbanana-cache" / "openai").rglob("*.json")]
+    cached = [json.loads(t) for t in ResponseCache(run_dir / "medbanana-cache" / "openai").answers().values()]
     assert cached and all(MARK in c["echo"] and MARK in c["choices"][0]["message"]["content"] for c in cached)
     parquet = _parquet_text(dataset)
     assert "request headers" in parquet and MARK in parquet and key not in parquet

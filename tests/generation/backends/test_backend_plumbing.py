@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from medbanana.generation import backends
-from medbanana.generation.backends.http import ResponseCache
 from medbanana.generation.backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
 from medbanana.generation.prompts import JudgeAnswer, parse_verdict, verdict_from_answer
 from medbanana.generation.records import VERDICT_BOOLEANS, Task, Usage
@@ -95,16 +94,3 @@ def test_backends_say_which_prompts_they_send():
     assert set(prompts_used(OpenAIWriter, backends.backend_class("editor", "simulator"), OpenAIJudge)) == {
         "writer_add", "writer_remove", "writer_refine", "judge"}
     assert prompts_used(*(backends.backend_class(role, "simulator") for role in backends.ROLES)) == {}
-
-
-def test_the_response_cache_writes_atomically_and_forgets(tmp_path):
-    cache = ResponseCache(tmp_path)
-    key = ResponseCache.hash({"model": "m", "messages": [1]})
-    assert key == ResponseCache.hash({"messages": [1], "model": "m"}) and cache.read(key) is None
-    cache.put_json(key, '{"a": 1}')
-    assert key in cache and cache.read(key) == '{"a": 1}'
-    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [f"{key}.json"]
-    cache.path(key).write_bytes(b"\xff\xfe not text")
-    assert cache.read(key) is None
-    cache.forget(key)
-    assert key not in cache

@@ -26,6 +26,7 @@ from medbanana.generation.backends import APIError, EditRefused
 from medbanana.generation.testing.echo import EchoJudge
 from medbanana.generation.testing.fake_gemini import FakeGemini
 from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter
+from medbanana.generation.backends.response_cache import ResponseCache
 from medbanana.generation.prompts import editor_prompt
 from medbanana.generation.records import (Attempt, EditedImage, Instruction, SourceImage, Task, Verdict,
                                           decode_rgb, encode_jpeg, rubric_score)
@@ -284,8 +285,8 @@ def test_a_torn_response_body_is_retried_and_the_cache_keeps_the_body_as_sent(fa
     edited = run(editor.edit(make_task(source), source, "Add an effusion.", seed=1))
     assert fake.count() == 2 and editor.transport.network_calls == 2
     assert decode_rgb(edited.data).shape == source.array.shape
-    (cached,) = (tmp_path / "cache").rglob("*.json")
-    body = json.loads(cached.read_text())  # the server's JSON, camelCase keys and all, not a re-serialisation
+    (cached,) = ResponseCache(tmp_path / "cache").answers().values()
+    body = json.loads(cached)  # the server's JSON, camelCase keys and all, not a re-serialisation
     assert base64.b64decode(body["candidates"][0]["content"]["parts"][-1]["inlineData"]["data"]) == edited.data
 
 

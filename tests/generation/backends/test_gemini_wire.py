@@ -9,6 +9,7 @@ import hashlib
 import json
 import threading
 
+import msgspec
 import pytest
 from google.genai import types
 
@@ -83,7 +84,7 @@ def test_parts_of_other_shapes_go_through_pydantic(source):
 
 
 def test_base64_is_made_once_per_bytes_object_and_old_entries_go():
-    inline = InlineData(max_bytes=2 * 3 * 1000)  # room for three 1,000-byte images
+    inline = InlineData(max_bytes=3 * (1000 + 1336))  # room for three 1,000-byte images and their base64
     first = bytes(range(256)) * 4
     text = inline.base64(first)
     assert text == base64.urlsafe_b64encode(first).decode() and inline.base64(first) is text
@@ -94,6 +95,11 @@ def test_base64_is_made_once_per_bytes_object_and_old_entries_go():
     for data in others:
         assert base64.urlsafe_b64decode(inline.base64(data)) == data
     assert len(inline._items) == 3 and inline.base64(first) is not text  # evicted, made again
+    raw = inline.base64_json(first)  # the JSON string of it, for msgspec to copy as it is
+    assert isinstance(raw, msgspec.Raw) and msgspec.json.decode(bytes(raw)) == text and inline.base64_json(first) is raw
+    for data in others:  # entries holding their bytes, text and JSON string (3,674 bytes): fewer fit
+        inline.base64(data), inline.base64_json(data)
+    assert len(inline._items) == 1 and inline._held <= inline.max_bytes
 
 
 def test_a_task_sends_its_source_encoded_once_and_the_server_reads_it(source, tmp_path):
