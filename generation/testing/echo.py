@@ -2,9 +2,10 @@
 
 The writer numbers its attempts, the editor returns the source bytes unchanged (a valid JPEG of the source's
 size), and the judge accepts when a hash of the original image and the instruction falls under `accept_rate`,
-so tasks take a realistic, deterministic number of rounds while the server spends only its HTTP, JSON and base64
-work per call (a few milliseconds for 1024^2 images). The simulator engine (the default) does real edits and
-measurements, at ~0.1-0.2 s of CPU each.
+so tasks take a realistic, deterministic number of rounds. The fake server calls the sync halves (`instruction`,
+`verdict`) and sends the editor's request image back as it came (fake_gemini.py), so it decodes no base64 and
+spends only its HTTP and JSON work per call (about a millisecond for 1024^2 images). The simulator engine (the
+default) does real edits and measurements, at ~0.1-0.2 s of CPU each.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class EchoWriter(InstructionWriter):
     name = "echo"
 
     async def write(self, task: Task, source: SourceImage, history: list[Attempt]) -> Instruction:
+        return self.instruction(task, history)
+
+    def instruction(self, task: Task, history: list[Attempt]) -> Instruction:
+        """The instruction, without the source (the fake server calls this directly, with no event loop)."""
         verb = "Add" if task.direction == "add" else "Remove"
         return Instruction(text=f"{verb} {task.disease.replace('_', ' ')} with the smallest visible change and "
                                 f"keep everything else unchanged (attempt {len(history) + 1}).",
@@ -41,7 +46,14 @@ class EchoJudge(Judge):
         self.accept_rate = accept_rate
 
     async def judge(self, task: Task, source: SourceImage, edited: EditedImage, instruction: str) -> Verdict:
-        digest = hashlib.sha256(source.sha256.encode() + instruction.encode()).digest()
+        return self.verdict(task, source.sha256.encode(), instruction)
+
+    def verdict(self, task: Task, original: bytes, instruction: str) -> Verdict:
+        """The verdict from `original`, bytes that tell the original image apart (its sha256 in `judge`; the fake
+        server passes the base64 text it received, so it needs no decode), and the instruction."""
+        hashed = hashlib.sha256(original)
+        hashed.update(instruction.encode())
+        digest = hashed.digest()
         accepted = int.from_bytes(digest[:4], "little") / 2**32 < self.accept_rate
         passed = dict.fromkeys(_FAILABLE, True)
         if not accepted:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
 
+import msgspec
 from PIL import Image
 
 from .. import backends
@@ -168,8 +169,11 @@ class FakeGemini(LocalServer):
         return 200, rest.with_new_fields(answer) if kind == "new_fields" else answer, {}
 
     def _writer(self, task, texts, images, seed, kind):
-        source = SourceImage(Path("source.jpeg"), data=images[0] if images else blank_jpeg())  # text-only round 1
-        instruction = run_coroutine(self.writer.write(task, source, history_from(texts)))
+        if isinstance(self.writer, EchoWriter):  # it reads no image: no decode, and no event loop to run it on
+            instruction = self.writer.instruction(task, history_from(texts))
+        else:
+            source = _RequestImage(images[0]) if images else SourceImage(Path("source.jpeg"), data=blank_jpeg())
+            instruction = run_coroutine(self.writer.write(task, source, history_from(texts)))
         return [{"text": instruction.thinking_summary or f"Planning the {task.direction} edit.", "thought": True},
                 {"text": instruction.text}], "STOP"
 
@@ -179,9 +183,13 @@ class FakeGemini(LocalServer):
         if kind in ("text_only", "no_image"):
             finish = "NO_IMAGE" if kind == "no_image" else "STOP"
             return [{"text": "I cannot produce the image for this request."}], finish
+        if isinstance(self.editor, EchoEditor) and kind not in ("truncated_image", "png_image"):
+            # the source unchanged, as EchoEditor.edit returns it: its base64 goes back without a decode and encode
+            return [{"text": "Here is the edited image."},
+                    {"inlineData": {"mimeType": images[0].mime_type, "data": images[0].standard_base64()}}], "STOP"
         try:
-            edited = run_coroutine(self.editor.edit(task, SourceImage(Path("source.jpeg"), data=images[0]),
-                                                    tagged(texts, "instruction"), int(seed)))
+            edited = run_coroutine(self.editor.edit(task, _RequestImage(images[0]), tagged(texts, "instruction"),
+                                                    int(seed)))
         except backends.EditRefused as refused:  # a simulated refusal, answered the way Gemini answers one
             finish = {"safety": "SAFETY", "image_safety": "IMAGE_SAFETY", "no_image": "NO_IMAGE"}
             return [{"text": f"I can't make this edit ({refused})."}], finish.get(refused.kind, "STOP")
@@ -196,8 +204,11 @@ class FakeGemini(LocalServer):
     def _judge(self, task, texts, images, seed, kind):
         if len(images) < 2:
             raise ValueError(f"the judge request carries {len(images)} image(s), not 2 (original, edited)")
-        verdict = run_coroutine(self.judge.judge(task, SourceImage(Path("source.jpeg"), data=images[0]),
-                                                 EditedImage(data=images[1]), tagged(texts, "instruction")))
+        if isinstance(self.judge, EchoJudge):  # its draw needs only the original's base64: neither image is decoded
+            verdict = self.judge.verdict(task, images[0].base64, tagged(texts, "instruction"))
+        else:
+            verdict = run_coroutine(self.judge.judge(task, _RequestImage(images[0]), EditedImage(data=images[1].data),
+                                                     tagged(texts, "instruction")))
         body = spoiled_json(verdict_json(verdict), kind, "The edit looks fine to me. ")
         return [{"text": verdict.thinking_summary or f"Compared both images: {verdict.reason}", "thought": True},
                 {"text": body}], "STOP"
@@ -207,17 +218,33 @@ class FakeGemini(LocalServer):
         integers."""
         if len(images) not in (2, 3):
             raise ValueError(f"the scoring request carries {len(images)} image(s), not 2 or 3")
-        truth = SourceImage(Path("truth.jpeg"), data=images[1]) if len(images) == 3 else None
-        scores = run_coroutine(self.scorer.score(task, SourceImage(Path("source.jpeg"), data=images[0]),
-                                                 EditedImage(data=images[-1]), tagged(texts, "instruction"), truth))
+        truth = _RequestImage(images[1], "truth.jpeg") if len(images) == 3 else None
+        scores = run_coroutine(self.scorer.score(task, _RequestImage(images[0]), EditedImage(data=images[-1].data),
+                                                 tagged(texts, "instruction"), truth))
         body = spoiled_json(json.dumps({"editing_accuracy": int(round(scores.editing_accuracy)),
                                         "visual_quality": int(round(scores.visual_quality)),
                                         "reason": scores.reason}), kind, "Scores: ")
         return [{"text": f"Graded the edit: {scores.reason}", "thought": True}, {"text": body}], "STOP"
 
 
+class _RequestImage(SourceImage):
+    """A request's inline image as a SourceImage, decoded the first time a backend reads `data` (the echo writer
+    never does; a decode costs about a millisecond for a 1024^2 JPEG)."""
+
+    def __init__(self, image: rest.InlineImage, name: str = "source.jpeg"):
+        super().__init__(Path(name), data=b"")
+        del self.data  # read through __getattr__ until decoded
+        self._image = image
+
+    def __getattr__(self, name: str):
+        if name != "data":
+            raise AttributeError(name)
+        self.data = self._image.data
+        return self.data
+
+
 class _Handler(WireHandler):
-    disable_nagle_algorithm = True  # headers and body go out in two writes; Nagle would hold the second ~40 ms
+    disable_nagle_algorithm = True  # an answer larger than the socket's buffer goes in pieces: none held ~40 ms
     json_type = "application/json; charset=UTF-8"
     # (method, path pattern, handler as an attribute path on FakeGemini, body: JSON or raw bytes)
     ROUTES = (
@@ -242,15 +269,14 @@ class _Handler(WireHandler):
     def _dispatch(self, method: str) -> None:
         arrived = time.monotonic()  # headers read; the latency runs from here
         fake: FakeGemini = self.server.fake
-        length = int(self.headers.get("content-length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self.read_body()
         path, _, query = self.path.partition("?")
         for route_method, pattern, name, kind in self.ROUTES:
             match = pattern.match(path)
             if match and route_method == method:
                 try:
-                    request = json.loads(body or b"{}") if kind == "json" else body
-                except ValueError:
+                    request = msgspec.json.decode(body or b"{}") if kind == "json" else body
+                except ValueError:  # msgspec.DecodeError is one
                     return self.send_payload(*rest.error(400, "request body is not JSON"))
                 handler = fake
                 for attribute in name.split("."):

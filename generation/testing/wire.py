@@ -1,6 +1,7 @@
-"""What the fake servers share (fake_gemini.py, fake_openai.py): the HTTP server on its own thread and the answer
-sent back (LocalServer, WireHandler), reading medbanana's prompts back into a task, an instruction and the history,
-running the simulator's coroutines in a handler thread, and the judge's JSON answer.
+"""What the fake servers share (fake_gemini.py, fake_openai.py): the HTTP server on its own thread, the request read
+and the answer sent back (LocalServer, WireHandler; lean on CPU, as benchmarks run a fake on the client's cores),
+reading medbanana's prompts back into a task, an instruction and the history, running the simulator's coroutines in
+a handler thread, and the judge's JSON answer.
 
 The task is read from the "- Finding:" and "- Direction:" lines of medbanana's prompts, the instruction from
 <instruction>, earlier rounds from <history>; so the fakes understand medbanana's requests only.
@@ -11,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
+import msgspec
 import numpy as np
 
 from ..records import Attempt, Instruction, Task, Verdict, encode_jpeg
@@ -72,27 +76,86 @@ class _Server(ThreadingHTTPServer):
 
 
 class WireHandler(BaseHTTPRequestHandler):
-    """What a fake's request handler shares: HTTP/1.1 connections, answers sent whole, no access log."""
+    """What a fake's request handler shares: HTTP/1.1 connections, headers and body read with few system calls
+    (`read_body`), answers sent whole in one (`send_payload`), no access log."""
 
     protocol_version = "HTTP/1.1"
     json_type: ClassVar[str] = "application/json"  # the Content-Type of a JSON answer
     server: _Server
 
+    def parse_request(self) -> bool:
+        """The request line and headers, as http.server reads them but with the headers split by a plain loop: its
+        email parser costs more CPU than the rest of an echo call's HTTP work. False, after an error answer, when
+        malformed."""
+        self.command, self.request_version, self.close_connection = None, "HTTP/1.1", True  # errors get a status line
+        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = self.requestline.split()
+        if len(words) != 3 or words[2] not in ("HTTP/1.0", "HTTP/1.1"):
+            self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request line ({self.requestline!r})")
+            return False
+        self.command, self.path, self.request_version = words
+        headers = self.MessageClass()
+        while True:
+            line = self.rfile.readline(65537)
+            if len(line) > 65536 or len(headers) >= 100:
+                self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Header line too long, or too many")
+                return False
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, colon, value = line.decode("iso-8859-1").partition(":")
+            if not colon:
+                self.send_error(HTTPStatus.BAD_REQUEST, f"Bad header line ({line[:80]!r})")
+                return False
+            headers[name.strip()] = value.strip()
+        self.headers = headers
+        connection = headers.get("Connection", "").lower()
+        self.close_connection = connection == "close" or (self.request_version == "HTTP/1.0"
+                                                          and connection != "keep-alive")
+        if headers.get("Expect", "").lower() == "100-continue" and self.request_version == "HTTP/1.1":
+            return self.handle_expect_100()
+        return True
+
+    def read_body(self) -> bytes | bytearray:
+        """The request body (Content-Length bytes): what reading the headers left buffered, then the rest straight
+        from the socket with MSG_WAITALL, one wake-up of this thread rather than one per TCP segment."""
+        length = int(self.headers.get("content-length") or 0)
+        if length <= 0:
+            return b""
+        head = self.rfile.read1(length)
+        if not head or len(head) == length:
+            return head
+        body = bytearray(length)
+        body[: len(head)] = head
+        rest = memoryview(body)[len(head):]
+        while rest:
+            received = self.connection.recv_into(rest, len(rest), socket.MSG_WAITALL)
+            if not received:  # the client went away mid-body
+                self.close_connection = True
+                break
+            rest = rest[received:]
+        return body if not rest else body[: length - len(rest)]
+
     def send_payload(self, status: int, payload: dict | bytes, headers: dict | None = None) -> None:
         """Answer with `payload`, JSON or raw bytes (application/octet-stream unless `headers` name a
-        Content-Type)."""
+        Content-Type), status line, headers and body in one write."""
         raw = isinstance(payload, bytes)
-        data = payload if raw else json.dumps(payload).encode()
+        data = payload if raw else msgspec.json.encode(payload)
+        headers = dict(headers or {})
+        content_type = headers.pop("Content-Type", None) or ("application/octet-stream" if raw else self.json_type)
+        lines = [f"{self.protocol_version} {status} {self.responses.get(status, ('',))[0]}",
+                 f"Server: {self.version_string()}", f"Date: {self.date_time_string()}",
+                 f"Content-Type: {content_type}", f"Content-Length: {len(data)}"]
+        for key, value in headers.items():
+            lines.append(f"{key}: {value}")
+            if key.lower() == "connection" and value.lower() == "close":
+                self.close_connection = True
         try:
-            self.send_response(status)
-            headers = dict(headers or {})
-            self.send_header("Content-Type", headers.pop("Content-Type", None) or (
-                "application/octet-stream" if raw else self.json_type))
-            self.send_header("Content-Length", str(len(data)))
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(data)
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            sent = self.connection.sendmsg([head, data])  # one call, and no copy of a large body to join them
+            if sent < len(head):  # the socket took part: the rest goes after
+                self.connection.sendall(head[sent:])
+            if sent < len(head) + len(data):
+                self.connection.sendall(memoryview(data)[max(0, sent - len(head)):])
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client gave up (timeout); nothing to answer
 
@@ -107,11 +170,17 @@ def task_from(texts: list[str]) -> Task:
     direction = re.search(r"^- Direction: (add|remove)\s*$", joined, re.MULTILINE)
     if not finding or not direction:
         raise ValueError("fake Gemini understands medbanana prompts only: no '- Finding:' / '- Direction:' lines")
-    label = load_taxonomy().find(finding.group(1).strip())
+    label = _label(finding.group(1).strip())
     if label is None:
         raise ValueError(f"unknown finding {finding.group(1)!r}")
     return Task(dataset="fake", modality=label.modality, disease=label.folder, direction=direction.group(1),
                 source_path=Path("source.jpeg"))
+
+
+@lru_cache(maxsize=256)
+def _label(finding: str):
+    """The taxonomy's label for a finding (a scan of every label's names: worth remembering for every call)."""
+    return load_taxonomy().find(finding)
 
 
 def tagged(texts: list[str], tag: str) -> str:
