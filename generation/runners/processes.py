@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import queue
 import signal
 import threading
 from collections import deque
@@ -141,19 +142,36 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
     threading.Thread(target=_receive, args=(tasks, inbox, asyncio.get_running_loop()),
                      name="medbanana-worker-inbox", daemon=True).start()
 
+    # Messages go out from a thread of their own, in order: a round's image fills the pipe while the parent is
+    # busy writing another worker's, and that wait must not stall this loop's calls in flight.
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_all, args=(outbox, results), name="medbanana-worker-outbox", daemon=True)
+    sender.start()
+
     def send_round(task: Task, attempt: Attempt, image: EditedImage | None) -> None:
-        results.send(RoundDone(task.uid, attempt, image.data if image is not None else None))
+        outbox.put(RoundDone(task.uid, attempt, image.data if image is not None else None))
 
     async def slot() -> None:
         while isinstance(message := await inbox.get(), RunTask):
             outcome = await run_one_task(message.task, sources, backends, options, accept, message.history,
                                          send_round)
-            results.send(TaskDone(message.task.uid, outcome.status, outcome.failure))
+            outbox.put(TaskDone(message.task.uid, outcome.status, outcome.failure))
         inbox.put_nowait(message)  # the Stop, for the other slots
 
     await asyncio.gather(*(slot() for _ in range(slots)))
     await close_clients(*backends)
-    results.send(CallCounts(*call_counts(*backends)))
+    outbox.put(CallCounts(*call_counts(*backends)))
+    outbox.put(None)
+    await asyncio.to_thread(sender.join)
+
+
+def _send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
+    """Send the outbox's messages to the parent until None; a parent gone ends the worker."""
+    while (message := outbox.get()) is not None:
+        try:
+            results.send(message)
+        except OSError:
+            os._exit(3)
 
 
 # ---------------------------------------------------------------- the parent
