@@ -5,6 +5,7 @@ sha256 of inline image bytes are made once per bytes object (`InlineData`) and r
 msgspec (the standard library's `json.dumps` of a 1024^2 JPEG's base64 text costs about 0.8 ms). Parts and contents
 of the shapes the backends make (text, or inline bytes with a MIME type) are written by hand; any other part goes
 through pydantic as before, so both give the same JSON (tests/generation/backends/test_gemini_wire.py).
+`DirectPost` sends such a body with the SDK's URL and headers, over lean_http.py where it can.
 """
 
 from __future__ import annotations
