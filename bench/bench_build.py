@@ -2,6 +2,7 @@
 
     python bench/bench_build.py                      # the sizes: 20,000 attempts (~1.5 GB), 88,457 tasks
     python bench/bench_build.py --attempts 2000 --metadata-tasks 5000   # a quick check
+    python bench/bench_build.py --skip-build --metadata-run /tmp/meta --metadata-repeat 5  # keep the JSON, 5 runs
 
 Part 1 synthesises a run in the original layout (attempt images of about --image-kb KB from a pool of distinct
 JPEGs), then, with the page cache of every image file dropped before each measurement (posix_fadvise DONTNEED,
@@ -163,16 +164,19 @@ def bench_metadata(args, work: Path) -> None:
     from medbanana.builder.build import discover_all, plan_partitions
     from medbanana.builder.synthetic_run import make_synthetic_run
 
-    run = work / "metadata-run"
+    run = args.metadata_run or work / "metadata-run"
     per_folder = max(1, round(args.metadata_tasks / FOLDERS))
     t = time.perf_counter()
-    make_synthetic_run(run, tasks_per_folder=per_folder, api_failed_per_folder=0, text_words=args.text_words,
-                       write_images=False, seed=2)
+    made = not run.exists()
+    if made:
+        make_synthetic_run(run, tasks_per_folder=per_folder, api_failed_per_folder=0, text_words=args.text_words,
+                           write_images=False, seed=2)
     json_mb = sum(p.stat().st_size for p in run.rglob("all_conversations.json")) / 1e6
-    print(f"metadata run: {per_folder * FOLDERS:,} tasks, {json_mb:,.0f} MB of all_conversations.json, "
-          f"made in {time.perf_counter() - t:.0f} s")
+    print(f"metadata run: {json_mb:,.0f} MB of all_conversations.json, "
+          + (f"{per_folder * FOLDERS:,} tasks made in {time.perf_counter() - t:.0f} s" if made
+             else f"reused from {run}"))
     for num_proc in sorted({1, args.metadata_num_proc}):
-        for label in ("cold cache", "warm cache"):
+        for label in ("cold cache", *["warm cache"] * args.metadata_repeat):
             if label == "cold cache":
                 drop_cache(run)
             t, started = time.perf_counter(), time.time()
@@ -200,6 +204,11 @@ def main() -> None:
     parser.add_argument("--text-words", type=int, default=26,
                         help="words per reason; thinking texts are 4x (26: ~800 MB for 88,457 tasks)")
     parser.add_argument("--metadata-num-proc", type=int, default=2, help="also time the metadata pass with N workers")
+    parser.add_argument("--metadata-repeat", type=int, default=1,
+                        help="time the warm-cache pass this many times (a range on a shared machine)")
+    parser.add_argument("--metadata-run", type=Path,
+                        help="keep the metadata run here (made when absent, reused as it is when present: "
+                             "--metadata-tasks and --text-words then do not apply)")
     parser.add_argument("--skip-build", action="store_true")
     parser.add_argument("--skip-metadata", action="store_true")
     parser.add_argument("--workdir", type=Path, help="where to write (default: a temporary folder, removed)")

@@ -94,16 +94,20 @@ def dpo_rows(task: TaskRecord, images: Images, source: dict | None) -> Iterator[
     if chosen is None or chosen.round is None:
         return
     earlier = [a for a in task.attempts if a.round is not None and a.round < chosen.round]
+    if not earlier:
+        return
     prompt = canonical_prompt(task)
+    # each attempt's verdict read once per task (an attempt is in the history of every later pair); rows get copies
+    columns = {id(a): verdict_columns(a) for a in (*earlier, chosen)}
     for rejected in earlier:
-        history = [{"round": a.round, "instruction": a.instruction, "edit_error": a.edit_error, **verdict_columns(a)}
+        history = [{"round": a.round, "instruction": a.instruction, "edit_error": a.edit_error, **columns[id(a)]}
                    for a in earlier if a.round < rejected.round]
         yield {**identity(task), "prompt": prompt, "history": history, "source_image": source,
                "chosen_image": _image(images, chosen), "rejected_image": _image(images, rejected),
                "chosen_instruction": chosen.instruction, "rejected_instruction": rejected.instruction,
                "chosen_round": chosen.round, "rejected_round": rejected.round,
                "rejected_edit_error": rejected.edit_error,
-               "chosen_verdict": verdict_columns(chosen), "rejected_verdict": verdict_columns(rejected)}
+               "chosen_verdict": dict(columns[id(chosen)]), "rejected_verdict": dict(columns[id(rejected)])}
 
 
 def conversation_rows(task: TaskRecord, images: Images, source: dict | None) -> Iterator[dict]:

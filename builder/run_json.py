@@ -9,6 +9,7 @@ build whatever the `--unsafe` policy: there is no entry to leave out. A malforme
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import mmap
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from ..generation.rundir import schema
 from .safety import MALFORMED, Refused, inside
 
 ENTRIES = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -79,6 +81,33 @@ def entries(data, path: Path) -> dict[str, msgspec.Raw]:
     """A JSON object of tasks: key -> its entry, still raw; a ValueError when a key appears twice."""
     found = decode(data, ENTRIES, path)
     if found and not _keys_once(data, found):
+        _require_unique_keys_slowly(data, path)
+    return found
+
+
+class _CountedConversation(schema.Conversation, gc=False):
+    """An entry that counts itself when decoded: a key written twice decodes two values into one dict item."""
+
+    def __post_init__(self):
+        next(_DECODED)
+
+
+_DECODED = itertools.count()  # entries decoded, by every thread: another thread's only adds (see `conversations`)
+_CONVERSATIONS = msgspec.json.Decoder(dict[str, _CountedConversation])
+
+
+def conversations(data, path: Path) -> dict[str, schema.Conversation] | None:
+    """All of an `all_conversations.json`'s entries decoded in one pass (about 40 % less time than `entries` and
+    then each entry); None when one is malformed, for the caller to decode them one by one (`entries`, `decode_entry`)
+    and refuse that one by name. A ValueError when a key appears twice."""
+    before = next(_DECODED)
+    try:
+        found = _CONVERSATIONS.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    # a file without a repeated key decoded one entry per item; more (or another thread decoding meanwhile)
+    # sends it to the exact check
+    if next(_DECODED) - before - 1 != len(found):
         _require_unique_keys_slowly(data, path)
     return found
 

@@ -24,6 +24,7 @@ from .runs import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_
 from .safety import MALFORMED, Confined, Refused, handle
 
 STATUSES = ("success", "failed", "api_failed")
+_NO_ROUND = object()  # equal to no round number: a task that is not a success accepts none
 _INT32 = 2**31
 
 
@@ -33,7 +34,10 @@ def read_json_unit(unit: Unit, part: int, parts: int, confined: Confined, refuse
     files = {name: (unit.path / name, run_json.load(unit.run_dir, f"{folder}/{name}", named_by))
              for name in (layout.ALL_CONVERSATIONS, layout.PROGRESS, layout.API_FAILURES)}
     conv_path, data = files[layout.ALL_CONVERSATIONS]
-    conversations = run_json.entries(data, conv_path) if data is not None else {}
+    # a whole file read by one partition is decoded in one pass; a block of it (or a file with a malformed
+    # entry) entry by entry
+    decoded = run_json.conversations(data, conv_path) if data is not None and parts == 1 else None
+    conversations = decoded if decoded is not None else run_json.entries(data, conv_path) if data is not None else {}
     prog_path, data = files[layout.PROGRESS]
     progress = run_json.statuses(data, prog_path) if data is not None else {}
     fail_path, data = files[layout.API_FAILURES]
@@ -52,7 +56,8 @@ def read_json_unit(unit: Unit, part: int, parts: int, confined: Confined, refuse
                 tasks.append(_new_task(unit, key, disease, status, schema.Conversation(), failure, origin,
                                        fail_path))
             else:
-                entry = run_json.decode_entry(schema.CONVERSATION, raw, conv_path, key)
+                entry = raw if decoded is not None else run_json.decode_entry(schema.CONVERSATION, raw, conv_path,
+                                                                               key)
                 tasks.append(_task_from_entry(unit, key, entry, status, failures.get(key), confined,
                                               (conv_path, key), fail_path))
         except Refused as exc:
@@ -73,27 +78,39 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
     elif status == "success" and numbers:
         task.success_round = numbers[-1]
     _check_rounds(task, numbers)
+    # Run for every attempt of a release (~280,000): the common case of each check is tested inline, and the
+    # helpers (which name the round in a refusal) are called only otherwise.
+    run_dir, attempts = unit.run_dir, task.attempts
+    dataset, direction, source_id = task.dataset, task.direction, task.source_id
+    accepted_round = task.success_round if status == "success" else _NO_ROUND
     for number, raw in zip(numbers, rounds):
         def where(number=number) -> str:  # formatted only for a refusal: most attempts never need it
             return f"{task.origin}, round {number}"
 
-        accepted = status == "success" and number == task.success_round
+        accepted = number == accepted_round
         prompt, edit, verification = raw.generate_prompt, raw.edit_result, raw.verification
-        edited = _edit_succeeded(edit, where)
-        _check_score(verification, where)
+        edited = True if edit is None or edit.success is True or edit.success is None else \
+            _edit_succeeded(edit, where)
+        if verification is not None and verification.score.__class__ is int:
+            _check_score(verification, where)
         image = None
         if edited:
-            image = layout.attempt_image_relpath(task.dataset, task.direction, task.source_id, disease, number,
-                                                 accepted)
-            confined.check(unit.run_dir, image, where)
-        _add_attempt(task, AttemptRecord(
+            image = layout.attempt_image_relpath(dataset, direction, source_id, disease, number, accepted)
+            confined.check(run_dir, image, where)
+        seconds = raw.seconds
+        if seconds is not None and seconds.__class__ is not float:
+            seconds = _seconds(seconds, where)
+        attempt = AttemptRecord(
             round=number, instruction=raw.instruction or (prompt.prompt if prompt else None),
             writer_thinking_json=prompt.thinking_summary if prompt else None,
             edit_error=None if edited else (edit.error or "the editor produced no image"),
             verdict=verification,
             judge_thinking_json=verification.thinking_summary if verification else None,
             judge_model=verification.model if verification else None, accepted=accepted, image=image,
-            seconds=_seconds(raw.seconds, where)))
+            seconds=seconds)
+        attempts.append(attempt)
+        if accepted:
+            task.accepted = attempt
     task.final_prompt = entry.final_prompt
     if entry.final_image:  # recorded in the conversations rows, so held to the same rule as the images read
         confined.check(unit.run_dir, entry.final_image, lambda: f"{task.origin}, field 'final_image'")
@@ -105,11 +122,10 @@ def _new_task(unit: Unit, key: str, disease: str, status: str | None, entry: sch
               failure: schema.ApiFailure | None, origin: tuple, fail_path: Path | None = None) -> TaskRecord:
     dataset = entry.dataset or unit.dataset
     direction = entry.task or unit.direction
-    where = _where(origin)
     if direction not in DIRECTIONS:
-        raise Refused(f"{where}: field 'task' is {_show(direction)}, not 'add' or 'remove'", MALFORMED)
+        raise Refused(f"{_where(origin)}: field 'task' is {_show(direction)}, not 'add' or 'remove'", MALFORMED)
     if status not in STATUSES:
-        raise Refused(f"{where}: status {_show(status)} is not one of {', '.join(STATUSES)}", MALFORMED)
+        raise Refused(f"{_where(origin)}: status {_show(status)} is not one of {', '.join(STATUSES)}", MALFORMED)
     if entry.source_id:
         source_id = entry.source_id
     elif entry.image:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,8 +41,9 @@ from .safety import Confined, Refused, handle, inside
 RECORDS_JSONL = "records.jsonl"
 
 
-@dataclass(slots=True)
-class AttemptRecord:
+# msgspec Structs rather than dataclasses: made several times faster (a release has ~280,000 attempts), and gc=False
+# keeps them out of the cyclic collector's sight (they hold no cycles)
+class AttemptRecord(msgspec.Struct, gc=False):
     round: int | None  # None for image-only releases, where the round is not known
     instruction: str | None
     writer_thinking_json: msgspec.Raw | None = None  # decoded on use (see run_schema)
@@ -63,8 +64,7 @@ class AttemptRecord:
         return schema.text(self.judge_thinking_json)
 
 
-@dataclass(slots=True)
-class TaskRecord:
+class TaskRecord(msgspec.Struct, gc=False):
     uid: str
     run_dir: Path
     dataset: str
@@ -73,7 +73,7 @@ class TaskRecord:
     direction: str  # add | remove (the `task` column and JSON field)
     source_id: str
     status: str  # success | failed | api_failed
-    attempts: list[AttemptRecord] = field(default_factory=list)
+    attempts: list[AttemptRecord] = msgspec.field(default_factory=list)
     success_round: int | None = None
     source_path: str | None = None
     source_sha256: str | None = None

@@ -65,6 +65,9 @@ class Confined:
 
     def __init__(self):
         self._folders: dict[tuple[Path, str], Path | None] = {}
+        # (root, its folders found inside it) for the root last checked: `check`'s fast path, for every attempt of
+        # a unit; one attribute, so that a thread never sees one root with another's folders
+        self._last: tuple[Path | None, set[str]] = (None, set())
 
     def path(self, root: Path, relative: str, named_by) -> Path:
         """The path with its folder resolved, required inside `root`; the file itself may still be a symlink.
@@ -77,8 +80,17 @@ class Confined:
     def check(self, root: Path, relative: str, named_by) -> None:
         """Raise Refused unless `relative` stays inside `root`, for a path that is recorded, not read (a read
         checks the file itself too)."""
+        folder, _, leaf = relative.rpartition("/")
+        last_root, folders = self._last
+        if root is last_root and folder in folders and leaf not in ("", ".", "..") and "\x00" not in leaf:
+            return
         if self._folder(root, relative) is None:
             inside(root, relative, _text(named_by))
+        else:  # an ordinary name in a folder inside the root
+            if root is not last_root:
+                folders = set()
+                self._last = (root, folders)
+            folders.add(folder)
 
     def _folder(self, root: Path, relative: str) -> Path | None:
         """The resolved folder of `relative` when it is inside `root` and the file's name is an ordinary one;

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..generation.records import as_bool
 from ..generation.rundir.provenance import read_mark
-from .reasons import reason_phrases
+from .reasons import count_phrases
 from .runs import TaskRecord
 from .sources import looked_for
 
@@ -75,15 +75,18 @@ class BuildStats:
             self.no_pair["round unknown (image-only release)"] += 1
         self.attempts[(modality, task.direction)] += len(task.attempts)
         add = task.direction == "add"
-        for attempt in task.attempts:
+        verdicts, rejection_texts, edit_errors = self.verdicts, self.rejection_texts, 0
+        for attempt in task.attempts:  # ~280,000 attempts in a release: locals, and as_bool only for a non-bool
             if attempt.edit_error is not None:
-                self.edit_errors += 1
+                edit_errors += 1
             v = attempt.verdict
             if v is not None:  # raw values, normalised once per distinct pattern in dimension_counts()
-                self.verdicts[(add, v.has_disease, v.structure_reasonable, v.looks_realistic, v.fidelity_preserved,
-                               v.qualified)] += 1
-                if as_bool(v.qualified) is False:  # each clause once per attempt
-                    self.rejection_texts[v.reason or ""] += 1
+                qualified = v.qualified
+                verdicts[(add, v.has_disease, v.structure_reasonable, v.looks_realistic, v.fidelity_preserved,
+                          qualified)] += 1
+                if qualified is False or (qualified.__class__ is not bool and as_bool(qualified) is False):
+                    rejection_texts[v.reason or ""] += 1  # each clause once per attempt
+        self.edit_errors += edit_errors
         for path, value in images.items():
             if value is None:
                 self.missing_images += 1
@@ -132,9 +135,7 @@ class BuildStats:
     def count_reasons(self) -> None:
         """Split the verdict texts counted so far into clauses, added to `reason_counts` (each clause once per
         attempt). Clause counts add up across partitions, so each partition splits its own texts."""
-        for text, n in self.rejection_texts.items():
-            for phrase in reason_phrases(text):
-                self.reason_counts[phrase] += n
+        count_phrases(self.rejection_texts, self.reason_counts)
         self.rejection_texts.clear()
 
     @property
