@@ -159,7 +159,7 @@ class DirectPost:
 
     def lean_can_send(self, url: str) -> bool:
         to_mtls = getattr(self._api, "_httpx_url", None)  # a client certificate's endpoint: the SDK's to send
-        return LeanHTTP.usable(url) and (to_mtls is None or to_mtls(url, is_async=True) == url)
+        return self.lean.usable(url) and (to_mtls is None or to_mtls(url, is_async=True) == url)
 
     async def __call__(self, path: str, body: bytes) -> str:
         request = self._build("post", path, {}, None)

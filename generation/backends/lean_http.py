@@ -29,13 +29,12 @@ class LeanHTTP:
         self._idle: dict[tuple, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ssl: ssl.SSLContext | None = None
+        # read once, as the library's client reads its proxies when it is made
+        self.proxied = any(os.environ.get(name) or os.environ.get(name.upper()) for name in PROXY_VARIABLES)
 
-    @staticmethod
-    def usable(url: str) -> bool:
+    def usable(self, url: str) -> bool:
         """Whether this client can send to `url`: http or https, and no proxy configured in the environment."""
-        if urlsplit(url).scheme not in ("http", "https"):
-            return False
-        return not any(os.environ.get(name) or os.environ.get(name.upper()) for name in PROXY_VARIABLES)
+        return not self.proxied and url.startswith(("http://", "https://"))
 
     async def post(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
         """(status, headers with lower-case names, body) of one POST."""
