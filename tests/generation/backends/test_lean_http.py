@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import ipaddress
+import json
 import socket
 import ssl
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from cryptography import x509
@@ -217,3 +222,65 @@ def test_with_a_proxy_configured_calls_take_the_sdks_client(monkeypatch, source)
         assert not editor.transport.direct.lean_can_send(f"{fake.base_url}/v1beta/models/m:generateContent")
         assert _edit(editor, source).data[:2] == b"\xff\xd8" and fake.count("editor") == 1
         assert editor.transport.direct.lean._idle == {}
+
+
+_UVICORN_APP = """
+import hashlib, sys
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+async def by_length(request):
+    body = await request.body()
+    return JSONResponse({"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()})
+
+async def by_chunks(request):
+    body = await request.body()
+    async def pieces():
+        for piece in (b'{"pieces": [', b'"' + hashlib.sha256(body).hexdigest().encode() + b'"', b", 1" * 50000, b"]}"):
+            yield piece
+    return StreamingResponse(pieces(), media_type="application/json")
+
+app = Starlette(routes=[Route("/length", by_length, methods=["POST"]), Route("/chunks", by_chunks, methods=["POST"])])
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+def test_a_server_of_another_make_is_read_right_over_kept_alive_connections(tmp_path):
+    """uvicorn (h11) frames answers its own way: by length, and chunked for a streamed body."""
+    pytest.importorskip("uvicorn")  # gradio's server, in the [dev] extra
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", _UVICORN_APP, str(port)])
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        body = bytes(range(256)) * 4000
+
+        async def scenario():
+            client = LeanHTTP()
+            answers = []
+            for path in ("/length", "/chunks", "/length", "/chunks"):
+                answers.append(await client.post(f"http://127.0.0.1:{port}{path}",
+                                                 {"Content-Type": "application/json"}, body))
+            idle = sum(len(c) for c in client._idle.values())
+            client.close()
+            return answers, idle
+
+        answers, idle = asyncio.run(scenario())
+        digest = hashlib.sha256(body).hexdigest()
+        assert all(status == 200 for status, _, _ in answers)
+        assert json.loads(answers[0][2]) == {"bytes": len(body), "sha256": digest} == json.loads(answers[2][2])
+        assert answers[1][1].get("transfer-encoding") == "chunked" and "content-length" not in answers[1][1]
+        pieces = json.loads(answers[3][2])["pieces"]
+        assert pieces[0] == digest and pieces[1:] == [1] * 50000
+        assert idle == 1  # all four over one kept-alive connection
+    finally:
+        server.terminate()
+        server.wait(10)
