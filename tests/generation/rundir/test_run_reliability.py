@@ -336,7 +336,8 @@ def test_kill_9_soak_under_faults_with_a_dropped_cache_and_a_killed_retry(tmp_pa
 
         # --retry-failed, killed while a retried task is between rounds (every verdict a rejection meanwhile)
         fake.reset()
-        fake.judge.accept_rate, retry_kills = 0.0, 0
+        # slower calls: 0.6 s or more between a retried task's rounds, for the poll to catch it under any load
+        fake.judge.accept_rate, fake.latency, retry_kills = 0.0, 0.2, 0
         for _ in range(4):
             proc = subprocess.Popen(_command(sources, out, "--retry-failed", str(out)), env=env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -345,7 +346,7 @@ def test_kill_9_soak_under_faults_with_a_dropped_cache_and_a_killed_retry(tmp_pa
                 break
         continuing = _continuing(out)
         assert continuing and retry_kills, "the retry was never caught between two rounds of a task"
-        fake.judge.accept_rate = 0.4
+        fake.judge.accept_rate, fake.latency = 0.4, 0.02
         shutil.rmtree(out / "medbanana-cache", ignore_errors=True)
         final = subprocess.run(_command(sources, out), env=env, capture_output=True, text=True)  # plain resume
 
