@@ -116,7 +116,11 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused_and_a_torn_answ
         server = ScriptedServer([(ok, "close"), ok, None,
                                  (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\ntorn", "close")])
         assert (await post(client, server.port))[2] == b"ok"  # then the server closes it (its keep-alive timeout)
-        await asyncio.sleep(0.1)
+        (reader, _), = client._idle[("http", "127.0.0.1", server.port)]
+        for _ in range(500):  # until the close has reached this loop, however busy the machine
+            if reader.at_eof():
+                break
+            await asyncio.sleep(0.01)
         assert (await post(client, server.port))[2] == b"ok" and server.connections == 2
         with pytest.raises(ConnectionResetError, match="after 0 bytes of no answer"):  # the transport retries it
             await post(client, server.port)
