@@ -59,6 +59,11 @@ class Taxonomy:
                 key=key, display=raw["display"], view=raw["view"], normal_label=raw["normal_label"],
                 folder_hints=tuple(raw["folder_hints"]), released_prefix=raw["released_prefix"],
                 labels=tuple(label for label in labels if label.modality == key))
+        # normalised folder name, display name or alias -> the labels it names, in taxonomy order
+        self._by_name: dict[str, list[Label]] = {}
+        for label in labels:
+            for name in {_norm(label.folder), _norm(label.name), *(_norm(a) for a in label.aliases)}:
+                self._by_name.setdefault(name, []).append(label)
 
     @property
     def targets(self) -> tuple[Label, ...]:
@@ -66,11 +71,8 @@ class Taxonomy:
 
     def find(self, name: str, modality: str | None = None) -> Label | None:
         """A label by folder name, display name or alias (case, spaces and underscores ignored)."""
-        want = _norm(name)
-        for label in self.labels:
-            if modality and label.modality != modality:
-                continue
-            if want in {_norm(label.folder), _norm(label.name), *(_norm(a) for a in label.aliases)}:
+        for label in self._by_name.get(_norm(name), ()):
+            if not modality or label.modality == modality:
                 return label
         return None
 

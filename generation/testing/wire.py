@@ -170,17 +170,11 @@ def task_from(texts: list[str]) -> Task:
     direction = re.search(r"^- Direction: (add|remove)\s*$", joined, re.MULTILINE)
     if not finding or not direction:
         raise ValueError("fake Gemini understands medbanana prompts only: no '- Finding:' / '- Direction:' lines")
-    label = _label(finding.group(1).strip())
+    label = load_taxonomy().find(finding.group(1).strip())
     if label is None:
         raise ValueError(f"unknown finding {finding.group(1)!r}")
     return Task(dataset="fake", modality=label.modality, disease=label.folder, direction=direction.group(1),
                 source_path=Path("source.jpeg"))
-
-
-@lru_cache(maxsize=256)
-def _label(finding: str):
-    """The taxonomy's label for a finding (a scan of every label's names: worth remembering for every call)."""
-    return load_taxonomy().find(finding)
 
 
 def tagged(texts: list[str], tag: str) -> str:
