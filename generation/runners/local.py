@@ -49,9 +49,8 @@ class _SourceCache:
             return None
 
     def get(self, path: Path) -> SourceImage:
-        if path in self.items:
-            self.items.move_to_end(path)
-            return self.items[path]
+        if (source := self.cached(path)) is not None:
+            return source
         source = read_source(path, self.max_pixels)
         self.items[path] = source
         if len(self.items) > self.size:
