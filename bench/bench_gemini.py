@@ -11,6 +11,12 @@ min(P, CPUs) x latency / (concurrency x c) ("cpu cap"; above 1 means not CPU-bou
 CPUs: "server ms/call" is its CPU per call, and "shared cap" the ratio the machine allows when its CPUs do both the
 client's and the server's work (above 1: not CPU-bound). Sources are 1024x1024 JPEGs (the released samples in
 ../shared/samples when present, else synthetic ones).
+The bound assumes `concurrency` calls in flight from the first call to the last, which no client can do at the end
+of a run: a task's calls follow each other (write, edit, judge, round after round), so once fewer tasks than slots
+are left the slots empty, and a task that takes five rounds near the end sets the wall time. "ideal s" is the wall
+time of a client that costs nothing: the run's own tasks, with the calls each made (counted from its journal),
+started in the run's order on `concurrency` slots. "of ideal" is ideal / wall: how close the client came to what
+this workload allows. At concurrency 100 with 1,000 tasks the ideal is about 0.84 of the bound.
 Each configuration runs in a fresh child process; peak RSS is that of its largest process; "import s" is the one-off
 import of google-genai and the backends, done before the clock starts. "cpu ms/call" is the client's user + system
 CPU from then to the end of the run (worker processes included), per call.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
 import itertools
 import json
 import os
@@ -55,11 +62,42 @@ def make_sources(root: Path, tasks: int) -> Path:
     return root
 
 
+def ideal_wall(task_calls: list[int], concurrency: int, latency: float) -> float:
+    """Wall time of a client with no cost at all: tasks start in order, each on the first free of `concurrency`
+    slots, and hold it for their calls one after the other.
+
+    >>> ideal_wall([1, 1, 1, 1], 2, 0.2)
+    0.4
+    >>> ideal_wall([1, 1, 1, 5], 2, 0.2)  # 8 calls on 2 slots: the bound is 0.8 s, the late long task makes it 1.2
+    1.2
+    """
+    slots = [0.0] * max(1, concurrency)
+    for calls in task_calls:
+        heapq.heappush(slots, heapq.heappop(slots) + calls * latency)
+    return round(max(slots), 9)
+
+
+def calls_per_task(run_dir: Path, uids: list[str]) -> list[int]:
+    """Each task's calls, in `uids`' order, from the run's journal: per round one to the writer, the editor's tries,
+    and the judge's tries when the edit came back."""
+    from medbanana.generation.rundir.store import read_journal
+
+    calls = dict.fromkeys(uids, 0)
+    for line in read_journal(run_dir / "medbanana-journal.jsonl"):
+        if line["type"] == "round":
+            rnd = line["round"]
+            judged = rnd.get("verification")
+            calls[line["uid"]] += (1 + rnd["edit_result"].get("details", {}).get("tries", 1)
+                                   + (judged.get("details", {}).get("tries", 1) if judged else 0))
+    return [calls[uid] for uid in uids]
+
+
 def run_one(args) -> dict:
     """One configuration in this process (a child of main): run, then report figures as a JSON line."""
     imports = time.perf_counter()  # a one-off cost of every run (google-genai, pydantic models), printed apart
     from medbanana.generation.backends import gemini, gemini_transport as transport# noqa: F401
-    from medbanana.generation.runners.generate import BackendSpec, generate
+    from medbanana.generation.runners.generate import BackendSpec, generate, select_tasks
+    from medbanana.generation.sources.scan import Selection
     from medbanana.generation.runners.local import RunOptions
     from medbanana.generation.rundir.signing import SigningCredentials
 
@@ -72,10 +110,13 @@ def run_one(args) -> dict:
                        options=RunOptions(concurrency=args.concurrency, workers=args.workers, quiet=True,
                                           c2pa=SigningCredentials.from_options(args.c2pa_cert, args.c2pa_key, {})))
     wall = time.perf_counter() - started
+    order = [task.uid for task in select_tasks(Path(args.sources), Selection(), None, args.tasks)]
+    task_calls = calls_per_task(Path(args.out), order)
     own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"tasks": args.tasks, "concurrency": args.concurrency, "workers": args.workers, "calls": summary.api_calls,
             "cache_hits": summary.cache_hits, "wall": wall, "imports": imports, "run_seconds": summary.seconds,
             "client_cpu": _cpu_seconds() - before,
+            "ideal": ideal_wall(task_calls, args.concurrency, args.latency), "journal_calls": sum(task_calls),
             "peak_rss_mb": max(own.ru_maxrss, workers.ru_maxrss) / 1024, "statuses": dict(summary.statuses)}
 
 
@@ -131,7 +172,7 @@ def main() -> None:
               f"{'released samples' if SAMPLES.is_dir() else 'synthetic'} 1024x1024 JPEGs; "
               f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
         print(f"{'tasks':>6} {'conc':>5} {'procs':>5} {'calls':>6} {'wall s':>7} {'tasks/s':>8} {'bound s':>8} "
-              f"{'ratio':>6} {'cpu ms/call':>11} {'cpu cap':>8} {'server ms/call':>14} {'shared cap':>10} "
+              f"{'ratio':>6} {'ideal s':>7} {'of ideal':>8} {'cpu ms/call':>11} {'cpu cap':>8} {'server ms/call':>14} {'shared cap':>10} "
               f"{'peak RSS MB':>11} {'import s':>8}")
         for concurrency, workers, tasks in itertools.product(args.concurrency, args.workers, args.tasks):
             out = work / f"run-{tasks}-{concurrency}-{workers}"
@@ -148,9 +189,13 @@ def main() -> None:
             # client and server share the machine: its CPUs do both's work for every call
             shared_cap = (os.cpu_count() or 1) * args.latency / (concurrency * (cpu_per_call + server_per_call))
             print(f"{tasks:>6} {concurrency:>5} {workers:>5} {r['calls']:>6} {r['wall']:>7.1f} "
-                  f"{tasks / r['wall']:>8.2f} {bound:>8.1f} {bound / r['wall']:>6.2f} {1000 * cpu_per_call:>11.1f} "
+                  f"{tasks / r['wall']:>8.2f} {bound:>8.1f} {bound / r['wall']:>6.2f} {r['ideal']:>7.1f} {r['ideal'] / r['wall']:>8.2f} "
+                  f"{1000 * cpu_per_call:>11.1f} "
                   f"{cap:>8.2f} {1000 * server_per_call:>14.1f} {shared_cap:>10.2f} {r['peak_rss_mb']:>11.0f} "
                   f"{r['imports']:>8.1f}", flush=True)
+            if r["journal_calls"] != r["calls"]:
+                print(f"  (the journal accounts for {r['journal_calls']} of the {r['calls']} calls: the ideal is "
+                      f"approximate)")
             shutil.rmtree(out)
 
 
