@@ -29,7 +29,9 @@ class Table:
             return format(value, spec)
         if isinstance(value, int) and not isinstance(value, bool):
             return f"{value:,}"
-        return str(value).replace("|", "\\|").replace("\n", " ")
+        # Text may come from a judge: a cell stays one line (splitlines knows \r, \v, \u2028 ...), a pipe does not
+        # end it and "<" opens no HTML on the Hub's page.
+        return " ".join(str(value).splitlines()).replace("|", "\\|").replace("<", "&lt;")
 
     def markdown(self) -> str:
         head = "| " + " | ".join(self.columns) + " |"
