@@ -21,26 +21,22 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def _workers(text: str) -> int | str:
-    if text == "auto":
+def _count(text: str, auto: bool = False) -> int | str:
+    """A whole number of at least 1 (`--shards`), or also 'auto' (`--workers`): argparse adds the option's name."""
+    if auto and text == "auto":
         return text
-    try:
-        count = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--workers wants a number or 'auto', not {text!r}") from None
-    if count < 1:
-        raise argparse.ArgumentTypeError("--workers: need at least 1")
-    return count
-
-
-def _positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"want a whole number of at least 1, not {text!r}")
+        raise argparse.ArgumentTypeError(f"want a whole number of at least 1{' or auto' if auto else ''}, "
+                                         f"not {text!r}")
     return value
+
+
+def _workers(text: str) -> int | str:
+    return _count(text, auto=True)
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -267,7 +263,7 @@ def register(sub) -> None:
         "scheduler without Ray, use --shard i/N per job and `medbanana merge`.")
     g.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where the run's tasks run: this machine (default) or a Ray cluster")
-    g.add_argument("--shards", type=_positive, metavar="N",
+    g.add_argument("--shards", type=_count, metavar="N",
                    help="--executor ray: parts of the run, one Ray task each (default: as many as under OUT from "
                         "an earlier submission, else one per slot of the cluster)")
     g.add_argument("--ray-address", metavar="auto|HOST:PORT",
