@@ -169,7 +169,8 @@ def cmd_merge(args) -> int:
     from ..rundir.merge import merge_runs
 
     counts = merge_runs(args.runs, args.out)
-    print(f"merged {counts['tasks']} finished tasks from {counts['inputs']} run directories into {args.out}")
+    before = f" ({counts['merged_before']} merged before)" if counts["merged_before"] else ""
+    print(f"merged {counts['tasks']} finished tasks{before} from {counts['inputs']} run directories into {args.out}")
     return 0
 
 
@@ -294,7 +295,8 @@ def register(sub) -> None:
     p = sub.add_parser("merge", help="combine shard run directories into one",
                        description="Merge the finished tasks of several run directories made with the same options "
                                    "(e.g. `generate --shard i/N` on N machines) into --out. A task finished in two "
-                                   "inputs, or inputs made with other options, is an error.")
+                                   "inputs, or inputs made with other options, is an error. Rerunning an interrupted merge "
+                                   "goes on after the tasks it wrote.")
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     p.add_argument("--out", type=Path, required=True, help="merged run directory (new, or one made with the same options)")
     p.set_defaults(func=cmd_merge)

@@ -1,4 +1,5 @@
-"""Combine run directories (shards of one job) into one. Two runs that finished the same task is an error.
+"""Combine run directories (shards of one job) into one. Two runs that finished the same task is an error; rerunning
+an interrupted merge goes on where it stopped.
 
 Shards may come from other machines, so every path a journal names is data: each image is read only from inside
 its shard and written only inside --out (`layout.inside`, symlinks resolved), and a record's dataset and task must
@@ -123,11 +124,17 @@ def _merge(inputs: list[Path], out: Path) -> dict:
     config["merged_from"] = [str(p.resolve()) for p in inputs]
     if isinstance(config.get("selection"), dict):  # the merged run is every shard's: `--retry-failed` retries all
         config["selection"] = {**config["selection"], "shard": None}
-    store = RunStore(out, config).open()
+    incoming = {dst: src for _, copies in finished for src, dst in copies}
+    store = RunStore(out, config, incoming=incoming).open()
     try:
-        for record, copies in finished:
-            if record["uid"] in store.finished:
-                raise MergeConflict(f"task {record['uid']} is already finished in {out}")
+        # A task --out has finished already is one an interrupted merge got to (the rerun goes on after it), if it
+        # came from this very record; any other is a conflict, found before anything is written.
+        for record, _ in finished:
+            earlier = store.finished.get(record["uid"])
+            if earlier is not None and _as_merged(earlier) != _as_merged(record):
+                raise MergeConflict(f"task {record['uid']} is already finished in {out}, with another record")
+        todo = [(record, copies) for record, copies in finished if record["uid"] not in store.finished]
+        for record, copies in todo:
             for src, dst in copies:
                 _link_or_copy(src, dst)
             if record.get("final_image"):
@@ -135,4 +142,9 @@ def _merge(inputs: list[Path], out: Path) -> dict:
             store.add_finished(record)
     finally:
         store.close()
-    return {"inputs": len(inputs), "tasks": len(finished)}
+    return {"inputs": len(inputs), "tasks": len(todo), "merged_before": len(finished) - len(todo)}
+
+
+def _as_merged(record: dict) -> dict:
+    """A task record without the one field merge rewrites (`final_image_path`, absolute, in --out)."""
+    return {k: v for k, v in record.items() if k != "final_image_path"}

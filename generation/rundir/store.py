@@ -46,10 +46,12 @@ def read_journal(path: Path) -> list[dict]:
 
 
 class RunStore:
-    def __init__(self, run_dir: Path, config: dict, signer=None):
+    def __init__(self, run_dir: Path, config: dict, signer=None, incoming: dict[Path, Path] | None = None):
         """`signer` (a signing.ImageSigner) signs every image written with a C2PA manifest; the run records its
-        certificate's fingerprint, and reopening it with another certificate, or none, is refused."""
+        certificate's fingerprint, and reopening it with another certificate, or none, is refused. `incoming`:
+        the images a merge is about to link in (resolved path here -> its file in a shard)."""
         self.run_dir = Path(run_dir)
+        self.incoming = incoming or {}
         self.config = {"format_version": FORMAT_VERSION, **config}
         self.signer = signer
         if signer is not None:
@@ -142,10 +144,14 @@ class RunStore:
                             self._orphan(rel)
 
     def _orphan(self, rel: str) -> None:
-        """An image no journal line names. One that carries this run's mark was written by it and killed before
-        its journal line: worthless without its record, and a resumed round writes it again, so it goes. Any
-        other (a user's file, a half-copied merge) is moved to ORPHANS/rel instead, never deleted."""
+        """An image no journal line names. One that a merge is about to link in, with its bytes, stays. One that
+        carries this run's mark was written by it and killed before its journal line: worthless without its
+        record, and a resumed round writes it again, so it goes. Any other (a user's file) is moved to
+        ORPHANS/rel instead, never deleted."""
         path = self.run_dir / rel
+        source = self.incoming.get(path.resolve())
+        if source is not None and _same_bytes(path, source):  # linked by a merge killed before its journal line
+            return  # the merge goes on and keeps it
         try:
             mark = read_mark(path.read_bytes())
         except (OSError, ValueError):
@@ -297,6 +303,13 @@ def _check_signing(run_dir: Path, recorded: dict | None, given: dict | None) -> 
 
 def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in ("key", "api_failure")}
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b) or a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False
 
 
 def _ends_with_newline(path: Path) -> bool:

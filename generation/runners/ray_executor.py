@@ -156,17 +156,11 @@ def _gather(ray, pending: dict, count: int, quiet: bool) -> list[RunSummary]:
 
 
 def _merge_shards(out: Path, count: int) -> None:
-    """Merge the shard directories not merged yet into OUT. A shard OUT holds only part of (a driver killed while
-    merging) cannot be merged again without conflicts: that is an error naming what to do."""
+    """Merge the shard directories not merged whole yet into OUT (a driver killed while merging left one in part:
+    the merge goes on after the tasks it wrote)."""
     inputs = [d for d in (shard_dir(out, i, count) for i in range(count)) if (d / layout.RUN_CONFIG).exists()]
     merged = finished_uids(out)
-    finished = {d: finished_uids(d) for d in inputs}  # each shard's journal read once
-    todo = [d for d in inputs if not finished[d] <= merged]
-    partly = [d.name for d in todo if finished[d] & merged]
-    if partly:
-        raise RuntimeError(f"{out} holds part of an interrupted merge of shard(s) {', '.join(partly)}; merge the "
-                           f"shards into a new folder instead: medbanana merge {out / SHARDS}/*-of-{count} --out NEW")
-    if todo:
+    if todo := [d for d in inputs if not finished_uids(d) <= merged]:
         merge_runs(todo, out)
 
 

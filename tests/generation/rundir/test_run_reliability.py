@@ -370,3 +370,36 @@ def test_a_merged_run_of_shards_is_retried_whole(tiny_sources, tmp_path):
     recorded, known = retry_selection(tmp_path / "all")
     assert recorded["shard"] is None  # not shard 0's [0, 2]: `--retry-failed` covers both shards' tasks
     assert known == {line["uid"] for i in range(2) for line in _task_lines(tmp_path / f"shard{i}")}
+
+
+def test_an_interrupted_merge_goes_on_and_another_record_of_a_merged_task_is_a_conflict(tiny_sources, tmp_path,
+                                                                                        capsys):
+    for i in range(2):
+        assert main(["generate", "--sources", str(tiny_sources), "--out", str(tmp_path / f"shard{i}"),
+                     "--shard", f"{i}/2", "-q"]) in (0, 3)
+    shards = [str(tmp_path / f"shard{i}") for i in range(2)]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert main(["merge", *shards, "--out", str(whole)]) == 0
+    assert main(["merge", *shards, "--out", str(part)]) == 0
+    journal = part / layout.JOURNAL
+    lines = journal.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 4
+    journal.write_bytes(b"".join(lines[:-3]) + lines[-3][:50])  # killed while writing the third line from the end
+    capsys.readouterr()
+
+    assert main(["merge", *shards, "--out", str(part)]) == 0
+    assert f"merged 3 finished tasks ({len(lines) - 3} merged before)" in capsys.readouterr().out
+    def records(out):
+        return sorted((e["uid"], {k: v for k, v in e["record"].items() if k != "final_image_path"})
+                      for e in _task_lines(out))
+    assert records(part) == records(whole)  # each task once, as merged in one go
+    _assert_consistent(part, {uid for uid, _ in records(whole)})
+
+    lines = journal.read_bytes().splitlines(keepends=True)
+    changed = json.loads(lines[0])
+    changed["record"]["status"] = "failed" if changed["record"]["status"] == "success" else "success"
+    journal.write_bytes(json.dumps(changed).encode() + b"\n" + b"".join(lines[1:]))
+    before = journal.read_bytes()
+    assert main(["merge", *shards, "--out", str(part)]) == 2
+    assert f"task {changed['uid']} is already finished in {part}, with another record" in capsys.readouterr().err
+    assert journal.read_bytes() == before
