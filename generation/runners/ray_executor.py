@@ -62,6 +62,22 @@ def run_shard(job: ShardJob, index: int, count: int, out: str) -> RunSummary:
                     modality=job.modality, spec=job.spec, options=options, limit=job.limit)
 
 
+def absolute_paths(job: ShardJob) -> ShardJob:
+    """The job with every path it names made absolute (a Ray worker starts in another folder than the driver):
+    the sources, the signing certificate and key, and the diffusers editor's model folder and attention maps
+    (a model named by a Hub id stays as it is)."""
+    options, diffusers = job.options, job.spec.diffusers
+    if options.c2pa is not None:
+        options = replace(options, c2pa=replace(options.c2pa, cert=options.c2pa.cert.resolve(),
+                                                key=options.c2pa.key.resolve()))
+    if diffusers.model and Path(diffusers.model).exists():  # as from_pretrained decides: a folder here first
+        diffusers = replace(diffusers, model=str(Path(diffusers.model).resolve()))
+    if diffusers.attention_dir:
+        diffusers = replace(diffusers, attention_dir=Path(diffusers.attention_dir).resolve())
+    return replace(job, sources=Path(job.sources).resolve(), options=options,
+                   spec=replace(job.spec, diffusers=diffusers))
+
+
 def finished_uids(run_dir: Path) -> set[str]:
     """Uids of the tasks a run directory's journal has finished (none for a directory not made yet)."""
     return {e["uid"] for e in read_journal(Path(run_dir) / layout.JOURNAL) if e["type"] == "task"}
@@ -83,7 +99,7 @@ def run_on_ray(job: ShardJob, out: Path, *, shards: int | None = None, address: 
     has finished already, no cluster is joined: only what is left of the merge is done."""
     ray = require("ray", needed_for="--executor ray", extra="ray")
     out = Path(out).resolve()  # workers start elsewhere: every path they get is absolute
-    job = replace(job, sources=Path(job.sources).resolve())
+    job = absolute_paths(job)
     started = time.perf_counter()
     with hold_lock(out / SHARDS, "sharded run (its Ray driver)"):
         tasks = select_tasks(job.sources, job.selection, job.modality, job.limit)  # as each shard's `generate`

@@ -134,14 +134,18 @@ def _check_merged_like_single(merged: Path, single: Path, count: int) -> None:
 
 def test_simulator_shards_on_ray_merge_like_one_process_and_a_resubmission_skips_finished_shards(cluster, tmp_path,
                                                                                                 monkeypatch):
+    """Relative paths everywhere (sources, out, the signing certificate and key): the driver makes them absolute
+    for the cluster's workers, which start in another folder."""
     from medbanana.generation.backends.simulator.phantoms import write_demo_sources
 
     monkeypatch.chdir(tmp_path)  # paths relative to the driver's folder, which the cluster's workers are not in
     sources = Path("sources")
     write_demo_sources(sources, n_normal=1, n_diseased=1, size=128)
+    assert main(["keys", "init", "keys"]) == 0  # images signed with a relative certificate and key too
 
     def args(out: Path) -> list[str]:
-        return _args(sources, out, "simulator", "--limit", "6", "--concurrency", "2")
+        return _args(sources, out, "simulator", "--limit", "6", "--concurrency", "2",
+                     "--c2pa-cert", "keys/signer-chain.pem", "--c2pa-key", "keys/signer.key")
 
     out, single = Path("ray"), Path("single")
     assert main(args(single)) == 0
@@ -153,6 +157,7 @@ def test_simulator_shards_on_ray_merge_like_one_process_and_a_resubmission_skips
     assert (shard_dir(out, 0, 2) / layout.JOURNAL).read_bytes() == shard0
     _check_merged_like_single(out, single, 6)
     assert json.loads((out / layout.STATS).read_text())["tasks"] == 6
+    assert main(["verify", "--run", str(out), "--trust", "keys/ca.pem"]) == 0  # shard 1's, signed on the cluster
 
     journal = (out / layout.JOURNAL).read_bytes()
     done = subprocess.run([sys.executable, "-m", "medbanana", *args(out), "--executor", "ray", "--ray-address",
@@ -251,3 +256,20 @@ def test_a_second_driver_on_the_same_out_is_refused_at_once(tiny_sources, tmp_pa
                      "simulator", "-q", "--executor", "ray", "--shards", "2", "--ray-address", "127.0.0.1:9"])
     assert code == EXIT_LOCKED and "is being used by pid" in capsys.readouterr().err
     assert not (tmp_path / "run" / SHARDS / "0-of-2").exists()
+
+
+def test_every_path_a_shard_job_names_is_made_absolute_and_a_hub_id_is_kept(tmp_path, monkeypatch):
+    from medbanana.generation.runners.generate import BackendSpec
+    from medbanana.generation.runners.ray_executor import ShardJob, absolute_paths
+    from medbanana.generation.runners.session import RunOptions
+
+    monkeypatch.chdir(tmp_path)
+    Path("tiny-editor").mkdir()
+    local = BackendSpec("simulator", {"editor": "diffusers"},
+                        diffusers={"model": "tiny-editor", "attention_dir": "maps"})
+    job = absolute_paths(ShardJob(Path("sources"), local, RunOptions()))
+    assert job.sources == tmp_path / "sources"
+    assert job.spec.diffusers.model == str(tmp_path / "tiny-editor")
+    assert job.spec.diffusers.attention_dir == tmp_path / "maps"
+    hub = BackendSpec("simulator", {"editor": "diffusers"}, diffusers={"model": "timbrooks/instruct-pix2pix"})
+    assert absolute_paths(ShardJob(Path("s"), hub, RunOptions())).spec.diffusers.model == "timbrooks/instruct-pix2pix"
