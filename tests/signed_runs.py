@@ -7,7 +7,11 @@ import io
 import json
 from pathlib import Path
 
+from PIL import Image
+
 from medbanana.cli import main
+from medbanana.generation.backends.simulator.editor import SimulatedEditor
+from medbanana.generation.records import EditedImage, decode_rgb
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.provenance import jpeg_segments
 from medbanana.generation.rundir.signing_keys import KeyFiles, init_keys
@@ -32,6 +36,10 @@ def run_images(run_dir: Path) -> dict[str, bytes]:
     return {rel: (run_dir / rel).read_bytes() for rel in sorted(named)}
 
 
+def _mime(data: bytes) -> str:
+    return "image/png" if data.startswith(b"\x89PNG\r\n\x1a\n") else "image/jpeg"
+
+
 def reader_state(data: bytes, trust_pem: bytes | None = None) -> tuple[str, set[str]]:
     """('missing', {}) or c2pa.Reader's validation state and failure codes (default settings without anchors)."""
     import c2pa
@@ -41,7 +49,7 @@ def reader_state(data: bytes, trust_pem: bytes | None = None) -> tuple[str, set[
         context = c2pa.Context.from_dict({"verify": {"verify_trust": True},
                                           "trust": {"trust_anchors": trust_pem.decode()}})
     try:
-        reader = c2pa.Reader.try_create("image/jpeg", io.BytesIO(data), context=context)
+        reader = c2pa.Reader.try_create(_mime(data), io.BytesIO(data), context=context)
     except c2pa.C2paError as exc:
         return "error", {type(exc).__name__}
     if reader is None:
@@ -52,13 +60,31 @@ def reader_state(data: bytes, trust_pem: bytes | None = None) -> tuple[str, set[
         return reader.get_validation_state(), failures
 
 
-def active_assertion(data: bytes, label: str) -> dict:
+def manifest_store(data: bytes) -> dict:
+    """The image's C2PA manifest store as c2pa.Reader reports it ({"active_manifest", "manifests": {...}})."""
     import c2pa
 
-    with c2pa.Reader("image/jpeg", io.BytesIO(data)) as reader:
-        manifest = json.loads(reader.json())
-    active = manifest["manifests"][manifest["active_manifest"]]
+    with c2pa.Reader(_mime(data), io.BytesIO(data)) as reader:
+        return json.loads(reader.json())
+
+
+def active_assertion(data: bytes, label: str) -> dict:
+    store = manifest_store(data)
+    active = store["manifests"][store["active_manifest"]]
     return next(a["data"] for a in active["assertions"] if a["label"] == label)
+
+
+class PngEditor(SimulatedEditor):
+    """The simulator's editor answering PNG, as an editor backend of one's own might (`--editor
+    signed_runs:PngEditor`): the run stores and signs the PNG bytes as they come."""
+
+    name = "png"
+
+    async def edit(self, task, source, instruction, seed) -> EditedImage:
+        edited = await super().edit(task, source, instruction, seed)
+        out = io.BytesIO()
+        Image.fromarray(decode_rgb(edited.data)).save(out, format="PNG")
+        return EditedImage(data=out.getvalue(), mime_type="image/png", model=edited.model, details=edited.details)
 
 
 def one_scan_byte_changed(data: bytes) -> bytes:

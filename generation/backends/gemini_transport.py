@@ -181,18 +181,40 @@ def _total_tokens(response: types.GenerateContentResponse) -> int:
     return (response.usage_metadata.total_token_count or 0) if response.usage_metadata is not None else 0
 
 
-def _read_results_file(path: Path) -> Iterator[tuple[str, BatchItem]]:
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            item = json.loads(line)
-            error = item.get("error") or item.get("status")
-            if error:
-                yield str(item.get("key", "")), item_failure(error)
-            else:
-                yield str(item.get("key", "")), parse_response(item.get("response"))
-    path.unlink()
+class ResultsFile:
+    """The (key, response or CallFailure) items of a downloaded results file, read a line at a time. A results file
+    can be gigabytes and is of no use once read (its answers are in the request cache then): it is removed when
+    reading ends, whether it reached the end, raised, or was closed early (close(), or `contextlib.closing`)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._items = self._read()
+
+    def _read(self) -> Iterator[tuple[str, BatchItem]]:
+        with open(self.path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                item = json.loads(line)
+                error = item.get("error") or item.get("status")
+                if error:
+                    yield str(item.get("key", "")), item_failure(error)
+                else:
+                    yield str(item.get("key", "")), parse_response(item.get("response"))
+
+    def __iter__(self) -> ResultsFile:
+        return self
+
+    def __next__(self) -> tuple[str, BatchItem]:
+        try:
+            return next(self._items)
+        except BaseException:  # the end (StopIteration), a line that does not parse, or Ctrl-C
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._items.close()
+        self.path.unlink(missing_ok=True)
 
 
 class GeminiTransport(Transport):
@@ -305,7 +327,8 @@ class GeminiTransport(Transport):
 
     async def batch_results(self, job: types.BatchJob, work_dir: Path) -> Iterator[tuple[str, BatchItem]]:
         """(key, response or CallFailure) for each request of a succeeded job; a results file is downloaded
-        under `work_dir` and read line by line (removed when the iterator is exhausted)."""
+        under `work_dir` and read line by line (a ResultsFile: removed when reading ends; close it if you stop
+        early). A download that fails or is interrupted leaves no partial file behind."""
         dest = job.dest
         if dest is not None and dest.inlined_responses is not None:
             return ((str((item.metadata or {}).get("key", "")),
@@ -315,7 +338,11 @@ class GeminiTransport(Transport):
             raise self.error(CallFailure("bad_response", f"{job.name} succeeded without results", False), job.name)
         path = Path(work_dir) / f"{job.name.replace('/', '-')}.results.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        await self.call(f"download of {dest.file_name}", lambda: self._client.aio.files.download(
-            file=dest.file_name, destination=path), timeout=max(self.timeout, TRANSFER_TIMEOUT))
-        return _read_results_file(path)
+        try:
+            await self.call(f"download of {dest.file_name}", lambda: self._client.aio.files.download(
+                file=dest.file_name, destination=path), timeout=max(self.timeout, TRANSFER_TIMEOUT))
+        except BaseException:  # an APIError, or a cancelled run (Ctrl-C) mid-download
+            path.unlink(missing_ok=True)
+            raise
+        return ResultsFile(path)
 

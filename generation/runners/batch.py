@@ -10,8 +10,10 @@ resumed concurrently or the other way round.
 Results land in the request cache, and job names are persisted in RUN_DIR/medbanana-batches.json before they are
 polled. A restarted run rebuilds the same requests from the journal: answered ones come from the cache, ones in
 a submitted job are polled there, and only the rest are submitted. (A kill between a job's creation and the
-write of its name can still lose that one job; it is then submitted again.) Memory grows with the run: every
-live task's source, and a step's requests, are held at once; split large runs with --shard.
+write of its name can still lose that one job; it is then submitted again.) Request and results files under
+RUN_DIR/medbanana-cache/batches/ last no longer than the run that made them: one killed outright leaves them to
+the next batch run, which removes them when it opens. Memory grows with the run: every live task's source, and a
+step's requests, are held at once; split large runs with --shard.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 import json
 import time
 from collections import Counter, defaultdict
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +58,17 @@ class BatchCalls:
         self.poll_interval, self.inline_limit, self.label = poll_interval, inline_limit, label
         self._sleep = sleep
         self.jobs: dict[str, dict] = json.loads(self.path.read_text())["jobs"] if self.path.exists() else {}
+        self.clear_work_dir()
+
+    def clear_work_dir(self) -> None:
+        """Remove the request and results files in the work dir (each can be gigabytes).
+
+        Called when a run opens and when it ends. This process holds the run's lock, so a file found at the start
+        was left by a process that is gone (kill -9, a power cut): a partial download cannot be told from a whole
+        one, and none is needed, since a job whose answers are not all in the cache is polled and its results
+        downloaded again. While a run goes on, each file is removed once sent or read (gemini_transport)."""
+        for path in self.work_dir.glob("*.jsonl"):
+            path.unlink(missing_ok=True)
 
     def _save(self) -> None:
         atomic_write_json(self.path, {"jobs": self.jobs})
@@ -152,11 +166,12 @@ class BatchCalls:
                     state = "MALFORMED_STATUS"
                     entry["error"] = problem[:300]
                 elif results is not None:
-                    for key, item in results:
-                        if isinstance(item, CallFailure):
-                            failures[key] = item
-                        else:
-                            self.cache.put(key, item)
+                    with closing(results):  # a results file goes when reading ends, even by an exception
+                        for key, item in results:
+                            if isinstance(item, CallFailure):
+                                failures[key] = item
+                            else:
+                                self.cache.put(key, item)
                 else:
                     kind = "batch_" + state.removeprefix("JOB_STATE_").lower()
                     detail = f": {job.error.message}" if job is not None and job.error else ""
@@ -275,6 +290,7 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
         raise ValueError("--batch needs one transport shared by the writer, the editor and the judge")
     accept = acceptance_policy(options.accept)
     with RunSession(tasks, run_dir, options, config) as session:
+        calls = None
         try:
             calls = BatchCalls(writer.transport, run_dir, poll_interval=poll_interval, inline_limit=inline_limit,
                                label=f"medbanana-{session.store.config['run_id'][:8]}")
@@ -286,6 +302,8 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
                 raise RuntimeError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
                                    f"command again resumes polling the submitted jobs") from None
         finally:
+            if calls is not None:  # what an error or Ctrl-C left mid-transfer; the next run needs none of it
+                calls.clear_work_dir()
             await session.close_clients(writer, editor, judge, count_calls=False)
         return session.end()
 

@@ -12,11 +12,14 @@ import pytest
 pytest.importorskip("c2pa")
 pytest.importorskip("cryptography")
 
-from signed_runs import (active_assertion, make_keys, one_scan_byte_changed, reader_state, run_images,  # noqa: E402
-                         signed_run, without_manifest)
+import numpy as np  # noqa: E402
+
+from signed_runs import (active_assertion, make_keys, manifest_store, one_scan_byte_changed, reader_state,  # noqa: E402
+                         run_images, signed_run, without_manifest)
 from medbanana.cli import main  # noqa: E402
 from medbanana.generation.rundir import layout  # noqa: E402
-from medbanana.generation.rundir.provenance import read_mark  # noqa: E402
+from medbanana.generation.records import decode_rgb  # noqa: E402
+from medbanana.generation.rundir.provenance import PNG_SIGNATURE, png_chunks, read_mark  # noqa: E402
 from medbanana.generation.rundir.signing import ASSERTION_LABEL, SigningCredentials, SigningError  # noqa: E402
 from medbanana.generation.rundir.store import read_journal  # noqa: E402
 from kills import kill_repeatedly  # noqa: E402
@@ -128,6 +131,26 @@ def test_workers_sign_in_the_writing_process(keys, tmp_path, tiny_sources):
     assert signed_run(tiny_sources, tmp_path / "run", keys, "--limit", "4", "--workers", "2") == 0
     images = run_images(tmp_path / "run")
     assert images and all(reader_state(d, keys.ca.read_bytes())[0] == "Trusted" for d in images.values())
+
+
+def test_png_images_are_signed_and_verify_with_their_pixels_untouched(keys, tmp_path, tiny_sources, capsys):
+    png = ["--editor", "signed_runs:PngEditor", "--limit", "4"]  # an editor backend of one's own that answers PNG
+    assert signed_run(tiny_sources, tmp_path / "signed", keys, *png) == 0
+    assert main(["generate", "--backend", "simulator", "--sources", str(tiny_sources), "--out",
+                 str(tmp_path / "plain"), "-q", "--max-rounds", "3", *png]) == 0
+    signed, plain = run_images(tmp_path / "signed"), run_images(tmp_path / "plain")
+    assert signed and signed.keys() == plain.keys()
+    ca = keys.ca.read_bytes()
+    for rel, data in signed.items():
+        assert data.startswith(PNG_SIGNATURE) and data != plain[rel]
+        assert reader_state(data, ca) == ("Trusted", set()), rel
+        assert len(manifest_store(data)["manifests"]) == 1 and read_mark(data) is not None
+        # signing adds chunks; the compressed pixels (IDAT) are the unsigned run's, byte for byte
+        idat = [[d[s:e] for kind, s, e in png_chunks(d) if kind == b"IDAT"] for d in (data, plain[rel])]
+        assert idat[0] == idat[1] and np.array_equal(decode_rgb(data), decode_rgb(plain[rel]))
+    capsys.readouterr()
+    assert main(["verify", "--run", str(tmp_path / "signed"), "--trust", str(keys.ca)]) == 0
+    assert f"{len(signed)} valid, 0 untrusted, 0 invalid, 0 missing" in capsys.readouterr().out
 
 
 KILL_CLI = [sys.executable, "-m", "medbanana", "generate", "--backend", "simulator", "-q", "--max-rounds", "3",
