@@ -143,14 +143,17 @@ class BatchCalls:
         while waiting:
             for name in sorted(waiting):
                 job, state, problem = await self._poll(name)
-                results = None
+                answered = False
                 if not problem and state in ("JOB_STATE_SUCCEEDED", "JOB_STATE_PARTIALLY_SUCCEEDED"):
                     try:
-                        results = await self.transport.batch_results(job, self.work_dir)
+                        answered = self._store_results(await self.transport.batch_results(job, self.work_dir),
+                                                       failures)
                     except APIError as exc:
                         if exc.kind != "bad_response":
                             raise
                         problem = _detail(exc, name)  # "... succeeded without results"
+                    except ValueError as exc:  # a torn or garbled results file (JSON, pydantic): fetched again
+                        problem = f"its results do not parse ({type(exc).__name__}: {str(exc)[:200]})"
                 if problem:
                     malformed[name] += 1
                     if malformed[name] < self.transport.retry.max_attempts:
@@ -160,19 +163,13 @@ class BatchCalls:
                     continue
                 entry = self.jobs[name]
                 if problem:
-                    message = (f"{name}: malformed status answer {malformed[name]} times in a row, gave up on "
-                               f"the job; last: {problem}")
-                    failures.update(dict.fromkeys(entry["keys"], CallFailure("bad_response", message, False)))
+                    message = (f"{name}: malformed answer {malformed[name]} times in a row, gave up on the job; "
+                               f"last: {problem}")
+                    failures.update({key: CallFailure("bad_response", message, False) for key in entry["keys"]
+                                     if key not in self.cache})  # a torn file's whole lines were answers
                     state = "MALFORMED_STATUS"
                     entry["error"] = problem[:300]
-                elif results is not None:
-                    with closing(results):  # a results file goes when reading ends, even by an exception
-                        for key, item in results:
-                            if isinstance(item, CallFailure):
-                                failures[key] = item
-                            else:
-                                self.cache.put(key, item)
-                else:
+                elif not answered:
                     kind = "batch_" + state.removeprefix("JOB_STATE_").lower()
                     detail = f": {job.error.message}" if job is not None and job.error else ""
                     failures.update(dict.fromkeys(entry["keys"], CallFailure(kind, f"{name} ended {state}{detail}",
@@ -184,6 +181,17 @@ class BatchCalls:
             if waiting:
                 await self._sleep(self.poll_interval)
         return failures
+
+    def _store_results(self, results, failures: dict[str, CallFailure]) -> bool:
+        """Each answer of a job into the cache, each failed request into `failures`; True. A results file goes
+        when reading ends, even by an exception (a line that does not parse: ValueError)."""
+        with closing(results):
+            for key, item in results:
+                if isinstance(item, CallFailure):
+                    failures[key] = item
+                else:
+                    self.cache.put(key, item)
+        return True
 
 
 def _detail(exc: APIError, name: str) -> str:

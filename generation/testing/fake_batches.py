@@ -10,7 +10,8 @@ and engine; no per-call latency). It reports RUNNING until its work is done and 
 it is held (`hold(first=k)` holds the k-th job created and every later one until `release()`), which lets a test
 stop a client in the middle of a batch. `garble(how)` makes status answers malformed, as a broken proxy or an
 incompatible endpoint might: "json" (a torn body), "state" (a state the API does not have), "fields" (no
-metadata: no state at all), "output" (SUCCEEDED without its results).
+metadata: no state at all), "output" (SUCCEEDED without its results). `tear_downloads(first=k)` cuts the next k
+results files in the middle of their last line, as a transfer cut short behind a proxy would.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class FakeBatches:
         self._hold_from: int | None = None
         self._garble: str = ""
         self._garble_left: int | None = None  # polls still to garble; None: every one
+        self._tear_left = 0  # results file downloads still to cut short
 
     def hold(self, first: int = 1) -> None:
         """Keep the `first`-th job created (counting from 1) and every later one RUNNING until `release()`;
@@ -66,6 +68,10 @@ class FakeBatches:
         if how not in GARBLES:
             raise ValueError(f"garble must be one of {', '.join(GARBLES)}, not {how!r}")
         self._garble, self._garble_left = how, first
+
+    def tear_downloads(self, first: int) -> None:
+        """Answer the next `first` results file downloads torn: cut in the middle of their last line."""
+        self._tear_left = first
 
     def created(self) -> list[FakeJob]:
         with self._lock:
@@ -174,4 +180,8 @@ class FakeBatches:
         data = self.files.get(f"files/{file_id}")
         if data is None:
             return self.fake.error(404, f"no file files/{file_id}")
+        with self._lock:
+            torn, self._tear_left = self._tear_left > 0, max(0, self._tear_left - 1)
+        if torn:
+            data = data[:len(data) - len(data.rstrip(b"\n").rsplit(b"\n", 1)[-1]) // 2 - 1]
         return 200, data, {}

@@ -148,3 +148,40 @@ def test_malformed_batch_status_answers_end_in_recorded_errors(gemini_fake, gemi
     assert main([*command[3:command.index("--out") + 1], str(again), *command[command.index("--out") + 2:]]) == 0
     stats = json.loads((again / layout.STATS).read_text())
     assert stats["api_failed"] == 0 and stats["success"] + stats["failed"] == 2
+
+
+def test_a_torn_results_file_is_fetched_again_and_one_torn_every_time_ends_in_recorded_errors(gemini_fake,
+                                                                                              gemini_env, tmp_path):
+    """Results files (requests over the inline limit) cut short in their last line, as a transfer behind a proxy
+    may be: the job's results are downloaded again; torn every time, the job is given up after max_attempts with
+    its unanswered requests recorded as bad_response, and no results file is left."""
+    from medbanana.generation.runners.generate import BackendSpec, generate
+    from medbanana.generation.runners.local import RunOptions
+    from medbanana.generation.sources.scan import Selection
+
+    sources = _sources(tmp_path / "sources", 2)
+    spec = BackendSpec("gemini", {"writer": "gemini", "editor": "gemini", "judge": "gemini"},
+                       gemini={"max_attempts": MAX_ATTEMPTS, "retry_base_delay": 0.01})
+
+    def run(out: Path, torn: int):
+        gemini_fake.reset()
+        gemini_fake.batches.tear_downloads(torn)
+        return generate(sources, out, selection=Selection.parse(diseases=["Pneumothorax"]), spec=spec,
+                        options=RunOptions(max_rounds=1, quiet=True),
+                        batch={"poll_interval": 0.02, "inline_limit": 1})  # every step's requests go as a file
+
+    summary = run(tmp_path / "glitch", torn=MAX_ATTEMPTS - 1)
+    assert summary.statuses["api_failed"] == 0 and summary.statuses["success"] + summary.statuses["failed"] == 4
+    assert gemini_fake.batches._tear_left == 0  # the torn downloads happened, and were fetched again
+    assert len(gemini_fake.batches.created()) == 3  # one job per step (write, edit, judge): none submitted again
+
+    summary = run(tmp_path / "torn", torn=10**6)
+    # each step's job is given up; the answers on the torn file's whole lines are used, the last request fails
+    failures = _failures(tmp_path / "torn")
+    assert summary.statuses["api_failed"] == len(failures) == 3
+    assert {f["kind"] for f in failures} == {"bad_response"} and {f["step"] for f in failures} == {
+        "generate_prompt", "edit_image", "verify_image"}
+    assert all("do not parse" in f["error"] and "JSONDecodeError" in f["error"] for f in failures)
+    jobs = json.loads((tmp_path / "torn" / JOBS_FILE).read_text())["jobs"]
+    assert [job["state"] for job in jobs.values()] == ["MALFORMED_STATUS"] * 3
+    assert [p.name for p in (tmp_path / "torn").rglob("*.jsonl")] == [layout.JOURNAL]  # no results file left
