@@ -98,7 +98,10 @@ def _add_probe_options(p) -> None:
                    help="can a logistic regression on weight-free forensics features tell real sources from edits? "
                         "AUROC (0.5 = indistinguishable) with a 95%% interval, grouped k-fold by source image, "
                         "raw and controlled (both sides re-encoded alike), per modality and direction; with "
-                        "--all-attempts rejected edits get their own rows. Writes separability.{md,csv,json,png}")
+                        "--all-attempts rejected edits get their own rows. Writes separability.{md,csv,json,png}. "
+                        "Each image's features are appended to OUT/medbanana-cache/probe-features.bin as they are "
+                        "computed (keyed by the image's bytes and the feature settings): rerun the same command "
+                        "after an interruption and only the missing ones are computed")
     g.add_argument("--probe-size", type=int, default=256, metavar="PX",
                    help="analysis size of the separability features and of the controlled re-encoding (default 256)")
     g.add_argument("--probe-quality", type=int, default=90, metavar="Q",
@@ -199,13 +202,24 @@ def _run_probes(args, make_samples, classifier, embedder) -> None:
 
     separability = counterfactual = None
     if args.separability:
+        from .probe_cache import CACHE_NAME, FeatureCache
         from .probe_features import FeatureSettings
         from .separability import run_separability
 
-        with tqdm(disable=args.quiet, unit="image", desc="separability features") as bar:
-            separability = run_separability(limited(), workers=args.probe_workers, embedder=embedder,
-                                            settings=FeatureSettings(args.probe_size, args.probe_quality),
-                                            progress=bar.update)
+        cache = FeatureCache(args.out / "medbanana-cache" / CACHE_NAME)
+        try:
+            with tqdm(disable=args.quiet, unit="image", desc="separability features") as bar:
+                def progress():
+                    bar.update()
+                    if cache.reused:
+                        bar.set_postfix_str(f"{cache.reused:,} reused from the cache", refresh=False)
+
+                separability = run_separability(limited(), workers=args.probe_workers, embedder=embedder,
+                                                settings=FeatureSettings(args.probe_size, args.probe_quality),
+                                                progress=progress, cache=cache)
+        finally:
+            cache.close()
+        print(f"separability features: {cache.stored:,} computed, {cache.reused:,} reused from {cache.path}")
         for row in separability["rows"]:
             print(f"separability [{row['features']}] {row['modality']} {row['direction']} {row['comparison']}: "
                   f"AUROC raw {_fmt(row['auroc_raw'])}, controlled {_fmt(row['auroc_controlled'])} "

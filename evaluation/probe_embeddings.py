@@ -10,6 +10,7 @@ goes into the same grouped logistic-regression probe.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -22,12 +23,19 @@ from .inputs import ImageRef, image_bytes
 from .probe_features import FeatureSettings, controlled_image
 
 BATCH = 32
+EMBEDDING_VERSION = 1  # part of the probe cache's key (with the spec): raise it when the images' preparation changes
 
 
 @dataclass
 class Embedder:
     name: str
     embed_batch: object = field(repr=False)  # list of PIL RGB images -> (n, d) array
+    weights: str = ""  # sha256 of a local weights file: new weights in the same folder are a new feature set
+
+    @property
+    def cache_name(self) -> str:
+        """What the probe cache's key names: the spec, and the local weights' digest when there are some."""
+        return f"{self.name}@{self.weights}" if self.weights else self.name
 
     def embed(self, refs: list[ImageRef], settings: FeatureSettings) -> list[tuple[np.ndarray, np.ndarray] | str]:
         """(raw, controlled) embeddings per image, or the error's text for an unreadable one."""
@@ -81,7 +89,8 @@ def _timm_embedder(name: str, torch) -> Embedder:
     else:
         model = timm.create_model(name, pretrained=True, num_classes=0)
     transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
-    return _torch_embedder(f"timm:{name}", model, transform, torch)
+    return _torch_embedder(f"timm:{name}", model, transform, torch,
+                           weights=file_digest(weights) if folder.is_dir() else "")
 
 
 def _open_clip_embedder(name: str, torch) -> Embedder:
@@ -91,10 +100,20 @@ def _open_clip_embedder(name: str, torch) -> Embedder:
         raise ImportError("--probe-features open_clip:... needs pip install 'medbanana[probes-pretrained]'") from exc
     architecture, _, pretrained = name.partition("/")
     model, _, transform = open_clip.create_model_and_transforms(architecture, pretrained=pretrained or None)
-    return _torch_embedder(f"open_clip:{name}", model, transform, torch, method="encode_image")
+    local = Path(pretrained).is_file() if pretrained else False  # a checkpoint file rather than a tag
+    return _torch_embedder(f"open_clip:{name}", model, transform, torch, method="encode_image",
+                           weights=file_digest(Path(pretrained)) if local else "")
 
 
-def _torch_embedder(name: str, model, transform, torch, method: str = "__call__") -> Embedder:
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _torch_embedder(name: str, model, transform, torch, method: str = "__call__", weights: str = "") -> Embedder:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device).eval()
     forward = getattr(model, method)
@@ -104,4 +123,4 @@ def _torch_embedder(name: str, model, transform, torch, method: str = "__call__"
             batch = torch.stack([transform(im) for im in images]).to(device)
             return forward(batch).float().reshape(len(images), -1).cpu().numpy()
 
-    return Embedder(name, embed)
+    return Embedder(name, embed, weights)

@@ -29,6 +29,7 @@ from PIL import Image, JpegImagePlugin
 from scipy import fft as scipy_fft
 from scipy import ndimage
 
+FEATURE_VERSION = 1  # part of the probe cache's key: raise it whenever a change alters any feature's value
 SPECTRUM_BINS = 16
 BLOCK = 8
 FILE_FEATURES = ("log2_width", "log2_height", "bits_per_pixel", "is_jpeg", "colour_spread", "luma_q_mean",

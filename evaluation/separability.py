@@ -13,8 +13,8 @@ looks like on the same data.
 from __future__ import annotations
 
 import hashlib
-import os
 import itertools
+import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -24,7 +24,10 @@ import numpy as np
 from scipy.stats import rankdata
 
 from .inputs import ImageRef, Sample, image_bytes
-from .probe_features import FeatureSettings, image_features
+from .probe_cache import FeatureCache, content_digest, feature_key
+from .probe_embeddings import BATCH as EMBED_BATCH
+from .probe_embeddings import EMBEDDING_VERSION
+from .probe_features import FEATURE_VERSION, FeatureSettings, image_features
 
 FOLDS = 5
 CHUNK = 1024  # images whose bytes may be in memory at once
@@ -143,12 +146,26 @@ def collect_images(samples: Iterable[Sample]) -> Iterator[ProbeImage]:
         yield ProbeImage(sample.id, sample.edited, role, group, modality, sample.direction, sample.id)
 
 
-def _features_of(job: tuple[ImageRef, FeatureSettings]) -> tuple[np.ndarray, np.ndarray] | str:
+_known_keys: frozenset[str] = frozenset()  # the cache's keys when extraction began, in each worker process
+
+
+def _know(keys: frozenset[str]) -> None:  # the pool's initializer
+    global _known_keys
+    _known_keys = keys
+
+
+def _features_of(job: tuple[ImageRef, FeatureSettings]) -> tuple[str | None, str | None, tuple | str | None]:
+    """(content digest, cache key, result): the (raw, controlled) vectors, None when the key is already cached,
+    or the error's text. The worker reads and hashes the image, so the main process never reads it."""
     ref, settings = job
+    digest = key = None
     try:
-        return image_features(image_bytes(ref), settings)
+        data = image_bytes(ref)
+        digest = content_digest(data)
+        key = feature_key(digest, "weight-free", FEATURE_VERSION, settings.size, settings.quality)
+        return digest, key, None if key in _known_keys else image_features(data, settings)
     except Exception as exc:  # noqa: BLE001 — an unreadable image is left out and counted, the probe goes on
-        return f"{type(exc).__name__}: {exc}"
+        return digest, key, f"{type(exc).__name__}: {exc}"
 
 
 def _batched(items: Iterable, n: int) -> Iterator[list]:
@@ -158,31 +175,58 @@ def _batched(items: Iterable, n: int) -> Iterator[list]:
 
 
 def extract_features(images: Iterable[ProbeImage], settings: FeatureSettings, workers: int | None = None,
-                     embedder=None, progress=None) -> tuple[list[ProbeImage], list[list]]:
+                     embedder=None, progress=None,
+                     cache: FeatureCache | None = None) -> tuple[list[ProbeImage], list[list]]:
     """The images and, per feature set (weight-free, then the embedder's), each image's (raw, controlled) vectors
     or its error's text. Worker processes when `workers` > 1; images go through in chunks and each chunk's refs
-    are dropped once done, so a dataset's embedded image bytes are never all in memory."""
+    are dropped once done, so a dataset's embedded image bytes are never all in memory. With `cache`, vectors
+    stored there are reused and each one computed is appended to it as it arrives (what a resumed run skips)."""
     workers = workers or os.cpu_count() or 1
+    known = cache.keys() if cache is not None else frozenset()
+    _know(known)
     kept: list[ProbeImage] = []
     feature_sets: list[list] = [[]] + ([[]] if embedder is not None else [])
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_know, initargs=(known,)) if workers > 1 else None
     try:
         for chunk in _batched(images, CHUNK):
             jobs = [(image.ref, settings) for image in chunk]
-            found = pool.map(_features_of, jobs, chunksize=16) if pool else map(_features_of, jobs)
-            for result in found:
+            digests = []
+            for digest, key, result in pool.map(_features_of, jobs, chunksize=16) if pool else map(_features_of, jobs):
+                if result is None:
+                    result = cache.get(key)
+                elif cache is not None and key is not None and not isinstance(result, str) and key not in cache:
+                    cache.put(key, *result)
                 feature_sets[0].append(result)
+                digests.append(digest)
                 if progress is not None:
                     progress()
             if embedder is not None:
-                feature_sets[1] += embedder.embed([image.ref for image in chunk], settings)
+                feature_sets[1] += _embedded([image.ref for image in chunk], digests, settings, embedder, cache)
             for image in chunk:
                 image.ref = None
             kept += chunk
     finally:
         if pool is not None:
             pool.shutdown()
+        _know(frozenset())
     return kept, feature_sets
+
+
+def _embedded(refs: list[ImageRef], digests: list[str | None], settings: FeatureSettings, embedder,
+              cache: FeatureCache | None) -> list:
+    """The embedder's (raw, controlled) vectors or error per image: cached ones reused, the others embedded batch
+    by batch, each batch stored when done."""
+    keys = [feature_key(d, embedder.cache_name, EMBEDDING_VERSION, settings.size, settings.quality)
+            if d is not None and cache is not None else None for d in digests]
+    results = [cache.get(key) if key is not None else None for key in keys]
+    missing = [i for i, result in enumerate(results) if result is None]
+    for start in range(0, len(missing), EMBED_BATCH):
+        batch = missing[start:start + EMBED_BATCH]
+        for i, result in zip(batch, embedder.embed([refs[i] for i in batch], settings)):
+            results[i] = result
+            if keys[i] is not None and not isinstance(result, str) and keys[i] not in cache:
+                cache.put(keys[i], *result)
+    return results
 
 
 # ---------------------------------------------------------------- the probe over an input
@@ -193,12 +237,14 @@ def _half(group: str) -> int:
 
 
 def run_separability(samples: Iterable[Sample], *, settings: FeatureSettings | None = None,
-                     workers: int | None = None, repeats: int = BOOTSTRAP, progress=None, embedder=None) -> dict:
+                     workers: int | None = None, repeats: int = BOOTSTRAP, progress=None, embedder=None,
+                     cache: FeatureCache | None = None) -> dict:
     """Rows per feature set, modality, direction and kind of edit (plus real vs real per modality), and per-image
-    scores. `embedder` (probe_embeddings.Embedder) adds rows on pretrained features."""
+    scores. `embedder` (probe_embeddings.Embedder) adds rows on pretrained features; `cache` (probe_cache) keeps
+    every image's features, so that a rerun computes only the missing ones."""
     require_sklearn()
     settings = settings or FeatureSettings()
-    images, results = extract_features(collect_images(samples), settings, workers, embedder, progress)
+    images, results = extract_features(collect_images(samples), settings, workers, embedder, progress, cache)
     feature_sets = list(zip(["weight-free"] + ([embedder.name] if embedder is not None else []), results))
     rows, per_image, unreadable = [], {}, {}
     for name, results in feature_sets:
