@@ -157,6 +157,41 @@ def test_pretrained_timm_features_from_a_folder_add_their_rows(tmp_path):
 
     model_dir = tmp_path / "tiny-timm"
     save_for_hf(timm.create_model("test_vit", pretrained=False), model_dir)  # no network: random weights
+    _check_pretrained_rows(tmp_path, f"timm:{model_dir}")
+
+
+def test_open_clip_features_from_a_checkpoint_file_add_their_rows(tmp_path):
+    """`open_clip:MODEL/PRETRAINED` with PRETRAINED a checkpoint file, as open_clip's own releases are saved (a
+    state dict). The architecture is a tiny one registered the way open_clip takes custom configs: weights of a
+    released model are hundreds of MB and need the network."""
+    open_clip = pytest.importorskip("open_clip")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "medbanana-tiny-clip.json").write_text(json.dumps({
+        "embed_dim": 16, "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
+        "text_cfg": {"context_length": 16, "vocab_size": 64, "width": 32, "heads": 2, "layers": 1}}))
+    open_clip.add_model_config(configs)
+    checkpoint = tmp_path / "open_clip_model.bin"
+    torch.save(open_clip.create_model("medbanana-tiny-clip").state_dict(), checkpoint)
+    spec = f"open_clip:medbanana-tiny-clip/{checkpoint}"
+    _check_pretrained_rows(tmp_path, spec)
+
+    from PIL import Image
+
+    from medbanana.evaluation.probe_embeddings import load_embedder
+
+    image = Image.fromarray(np.repeat(scan(3)[..., None], 3, axis=2))
+    embeddings = []
+    for seed in (1, 2):  # the checkpoint's weights, not a random initialisation, whatever the seed
+        torch.manual_seed(seed)
+        embeddings.append(load_embedder(spec).embed_batch([image]))
+    assert embeddings[0].shape == (1, 16) and np.array_equal(embeddings[0], embeddings[1])
+
+
+def _check_pretrained_rows(tmp_path, spec: str) -> None:
+    """`eval --separability --probe-features SPEC` on 12 pairs adds SPEC's rows, raw and controlled."""
     folder = tmp_path / "in"
     folder.mkdir()
     rows = [{"id": s.id, "source": s.source.name, "edited": s.edited.name, "instruction": "Add an effusion.",
@@ -164,10 +199,10 @@ def test_pretrained_timm_features_from_a_folder_add_their_rows(tmp_path):
     (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     assert main(["eval", str(folder), "--out", str(out), "--judge", "none", "--no-lpips", "-q", "--separability",
-                 "--probe-size", "64", "--probe-workers", "1", "--probe-features", f"timm:{model_dir}"]) == 0
+                 "--probe-size", "64", "--probe-workers", "1", "--probe-features", spec]) == 0
     result = json.loads((out / "separability.json").read_text())
-    assert result["settings"]["features"] == ["weight-free", f"timm:{model_dir}"]
-    pretrained = [r for r in result["rows"] if r["features"] == f"timm:{model_dir}"]
+    assert result["settings"]["features"] == ["weight-free", spec]
+    pretrained = [r for r in result["rows"] if r["features"] == spec]
     assert [r["comparison"] for r in pretrained] == ["real vs accepted", "real vs real"]
     assert pretrained[0]["real"] == pretrained[0]["compared"] == 12 and pretrained[0]["auroc_raw"] is not None
     header = (out / "probe_samples.csv").read_text().splitlines()[0]
