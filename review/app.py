@@ -10,6 +10,7 @@ the store holds for that rater. The time an item is shown is kept on the server 
 import hashlib
 import os
 import time
+from importlib import resources
 
 from ..generation.extras import require
 from .store import IMAGES, MAX_RATER_NAME, Answer, ReviewItem, ReviewStore, check_rater_name
@@ -40,7 +41,17 @@ CSS = """
                             padding: 4px 10px; }
 #questions fieldset.block > span[data-testid="block-info"] { flex: 1; margin: 0; }
 #questions fieldset.block > .wrap { flex-shrink: 0; }
+/* the synced zoom (ZOOM_JS): a frame clips its zoomed image (gradio keeps the label and buttons above it) */
+:is(#image-source, #image-edit) .image-frame { overflow: hidden; touch-action: none; }
+:is(#image-source, #image-edit) img { -webkit-user-drag: none; user-select: none; }
+#zoom-hint { padding: 0 !important; }
+#zoom-hint p { margin: 0; font-size: var(--text-sm); color: var(--body-text-color-subdued); }
 """
+ZOOM_HINT = "Scroll over an image to zoom both, drag to pan, double-click to reset (keys: + - 0 over an image)."
+MAX_ZOOM = 8
+# The synced zoom of the side-by-side images (zoom.js, run once when the page loads).
+ZOOM_JS = resources.files("medbanana.review").joinpath("zoom.js").read_text(encoding="utf-8").replace(
+    "__MAX_ZOOM__", str(MAX_ZOOM))
 
 
 def load_gradio():
@@ -181,9 +192,11 @@ def _image_column(gr, mode: str) -> list:
         if mode != "rubric":
             return [_image(gr, "Image", "image-single")]
         with gr.Tabs():
-            with gr.Tab("Side by side"), gr.Row():
-                source_image = _image(gr, "Source", "image-source")
-                edited_image = _image(gr, "Edit", "image-edit")
+            with gr.Tab("Side by side"):
+                with gr.Row():
+                    source_image = _image(gr, "Source", "image-source")
+                    edited_image = _image(gr, "Edit", "image-edit")
+                gr.Markdown(ZOOM_HINT, elem_id="zoom-hint")
             with gr.Tab("Compare with a slider"):
                 slider = gr.ImageSlider(label="Source | edit (drag to compare)", type="filepath", interactive=False,
                                         height=IMAGE_HEIGHT, max_height=IMAGE_HEIGHT, buttons=["fullscreen"],
@@ -241,7 +254,7 @@ def serve(store: ReviewStore, host: str = "127.0.0.1", port: int = 7860) -> int:
     try:
         page.launch(server_name=host, server_port=port, share=False, inbrowser=False, quiet=True, ssr_mode=False,
                     prevent_thread_lock=True, allowed_paths=[images], footer_links=[], run_history=False,
-                    mcp_server=False, enable_monitoring=False, css=CSS)
+                    mcp_server=False, enable_monitoring=False, css=CSS, js=ZOOM_JS)
     except OSError as exc:  # the port is taken, or the host is not this machine's
         reason = "the port is in use" if "empty port" in str(exc) else str(exc)
         raise ValueError(f"cannot serve on {host}:{port}: {reason}; choose another --port") from exc

@@ -234,3 +234,54 @@ class ReviewPage:
         self.submit(double=double)
         self.wait(lambda: self.item() != before or self.text("finished"), f"the page to move on from {before}")
         return self.message()
+
+    # ---------------------------------------------------------------- the side-by-side images' zoom
+
+    def image_boxes(self) -> dict:
+        """{elem_id: {"frame", "image": [left, top, width, height], "overflow", "src"}} for the source and the edit:
+        where the browser draws each image and the frame that must clip it (one script call)."""
+        return self.driver.execute_script(
+            "const box = el => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };"
+            "return Object.fromEntries(['image-source', 'image-edit'].map(id => {"
+            "  const frame = document.querySelector(`#${id} .image-frame`), img = frame.querySelector('img');"
+            "  return [id, {frame: box(frame), image: box(img), overflow: getComputedStyle(frame).overflow,"
+            "               src: img.src}]; }));")
+
+    def shows_at(self, x: float, y: float, css: str) -> bool:
+        """Whether what a rater sees at the window point (x, y) (the topmost element there) is inside `css`."""
+        return self.driver.execute_script(
+            "const el = document.elementFromPoint(arguments[0], arguments[1]);"
+            "return Boolean(el && el.closest(arguments[2]));", x, y, css)
+
+    def wheel(self, elem_id: str, delta_y: int, *, at: tuple[int, int] = (0, 0), times: int = 1) -> None:
+        """Turn the mouse wheel over an image, `at` pixels from its centre (negative delta_y: away from the rater)."""
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
+
+        origin = ScrollOrigin.from_element(self.find(f"#{elem_id} img"), *at)
+        for _ in range(times):
+            ActionChains(self.driver).scroll_from_origin(origin, 0, delta_y).perform()
+
+    def drag_image(self, elem_id: str, dx: int, dy: int) -> None:
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        (ActionChains(self.driver).click_and_hold(self.find(f"#{elem_id} img")).move_by_offset(dx, dy).release()
+         .perform())
+
+    def double_click_image(self, elem_id: str) -> None:
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        ActionChains(self.driver).double_click(self.find(f"#{elem_id} img")).perform()
+
+    def key_over_image(self, elem_id: str, key: str) -> None:
+        """Press a key with the pointer resting on an image (nothing focused: the page has the keyboard)."""
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        ActionChains(self.driver).move_to_element(self.find(f"#{elem_id} img")).send_keys(key).perform()
+
+
+def assert_offline(page: ReviewPage) -> None:
+    """Everything the page loaded came from the review server: no fonts, scripts or telemetry from elsewhere."""
+    loaded = page.driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    elsewhere = [url for url in loaded if not url.startswith((page.url, "data:", "blob:"))]
+    assert loaded and not elsewhere, f"the page loaded {elsewhere}"

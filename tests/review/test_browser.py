@@ -10,8 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from review_browser import (WINDOW, ReviewPage, ReviewServer, browser_missing, close_browser, free_port, make_run,
-                            new_browser)
+from review_browser import (WINDOW, ReviewPage, ReviewServer, assert_offline, browser_missing, close_browser,
+                            free_port, make_run, new_browser)
 
 from medbanana.cli import main
 from medbanana.generation.records import VERDICT_BOOLEANS
@@ -68,13 +68,6 @@ def assert_blind(page: ReviewPage, store: ReviewStore) -> None:
         leaked = [text for text in hidden if text and text in html]
         assert not leaked, f"the page shows {leaked}"
     assert not re.search(r"\b(accepted|rejected|verdict|round \d)\b", page.text("item-view"), re.IGNORECASE)
-
-
-def assert_offline(page: ReviewPage) -> None:
-    """Everything the page loaded came from the review server: no fonts, scripts or telemetry from elsewhere."""
-    loaded = page.driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
-    elsewhere = [url for url in loaded if not url.startswith((page.url, "data:", "blob:"))]
-    assert loaded and not elsewhere, f"the page loaded {elsewhere}"
 
 
 def test_two_raters_review_six_items_through_a_reload_a_killed_server_and_double_submits(small_run, tmp_path):
