@@ -9,7 +9,7 @@ Only failures of processes are retried (the task's worker, or one of its `--work
 itself (bad options, another process holding the shard) would fail again and is reported instead. When every
 shard has finished, the driver merges them (rundir/merge.py) into OUT and writes OUT's stats. Resubmitting the
 same command resumes: a shard whose tasks are all in its journal is not submitted again, one merged into OUT
-already is not merged again.
+already is not merged again, and a merge the driver did not finish goes on after the tasks it wrote.
 
 The driver holds OUT/medbanana-shards/medbanana.lock for the whole job, so a second driver on the same OUT is
 refused at once. API keys are never sent through Ray: the nodes read them from their own environment (start the
