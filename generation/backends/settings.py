@@ -14,6 +14,22 @@ from typing import ClassVar
 CACHE_DIR = "medbanana-cache"  # under the run directory, one folder per API backend
 
 
+def batch_files_dir(run_dir: Path) -> Path:
+    """Where `--batch` keeps a job's request and results files (JSONL, each can be gigabytes) while it runs."""
+    return Path(run_dir) / CACHE_DIR / "batches"
+
+
+def remove_batch_files(run_dir: Path) -> int:
+    """Remove the batch files; how many there were. Called when a run is opened (the lock held: a file there was
+    left by a process that is gone, and none is needed, as a job whose answers are not all in the request cache is
+    polled and its results fetched again) and when a batch run ends."""
+    removed = 0
+    for path in batch_files_dir(run_dir).glob("*.jsonl"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def _part(limit: float | None, n: int) -> float | None:
     return limit / n if limit else limit
 

@@ -12,7 +12,7 @@ polled. A restarted run rebuilds the same requests from the journal: answered on
 a submitted job are polled there, and only the rest are submitted. (A kill between a job's creation and the
 write of its name can still lose that one job; it is then submitted again.) Request and results files under
 RUN_DIR/medbanana-cache/batches/ last no longer than the run that made them: one killed outright leaves them to
-the next batch run, which removes them when it opens. Memory grows with the run: every live task's source, and a
+the next run, which removes them when it opens the run directory (session.open_run). Memory grows with the run: every live task's source, and a
 step's requests, are held at once; split large runs with --shard.
 """
 
@@ -29,6 +29,7 @@ from pathlib import Path
 from ..backends import APIError
 from ..backends.gemini import Answer, GeminiEditor, GeminiJudge, GeminiWriter, read_answer
 from ..backends.gemini_transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
+from ..backends.settings import batch_files_dir, remove_batch_files
 from ..files import atomic_write_json
 from ..loop import BACKEND_STEPS, Refinement, RoundFinished, Step, acceptance_policy, advance, refinement
 from ..records import SourceImage, Task, TaskOutcome
@@ -54,21 +55,10 @@ class BatchCalls:
             raise ValueError("batch mode needs the transport's request cache (cache_dir): results are kept there")
         self.transport, self.cache = transport, transport.cache
         self.path = Path(run_dir) / JOBS_FILE
-        self.work_dir = Path(run_dir) / "medbanana-cache" / "batches"
+        self.work_dir = batch_files_dir(run_dir)
         self.poll_interval, self.inline_limit, self.label = poll_interval, inline_limit, label
         self._sleep = sleep
         self.jobs: dict[str, dict] = json.loads(self.path.read_text())["jobs"] if self.path.exists() else {}
-        self.clear_work_dir()
-
-    def clear_work_dir(self) -> None:
-        """Remove the request and results files in the work dir (each can be gigabytes).
-
-        Called when a run opens and when it ends. This process holds the run's lock, so a file found at the start
-        was left by a process that is gone (kill -9, a power cut): a partial download cannot be told from a whole
-        one, and none is needed, since a job whose answers are not all in the cache is polled and its results
-        downloaded again. While a run goes on, each file is removed once sent or read (gemini_transport)."""
-        for path in self.work_dir.glob("*.jsonl"):
-            path.unlink(missing_ok=True)
 
     def _save(self) -> None:
         atomic_write_json(self.path, {"jobs": self.jobs})
@@ -298,7 +288,6 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
         raise ValueError("--batch needs one transport shared by the writer, the editor and the judge")
     accept = acceptance_policy(options.accept)
     with RunSession(tasks, run_dir, options, config) as session:
-        calls = None
         try:
             calls = BatchCalls(writer.transport, run_dir, poll_interval=poll_interval, inline_limit=inline_limit,
                                label=f"medbanana-{session.store.config['run_id'][:8]}")
@@ -310,8 +299,7 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
                 raise RuntimeError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
                                    f"command again resumes polling the submitted jobs") from None
         finally:
-            if calls is not None:  # what an error or Ctrl-C left mid-transfer; the next run needs none of it
-                calls.clear_work_dir()
+            remove_batch_files(run_dir)  # what an error or Ctrl-C left mid-transfer; the next run needs none of it
             await session.close_clients(writer, editor, judge, count_calls=False)
         return session.end()
 

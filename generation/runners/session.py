@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..backends.settings import remove_batch_files
 from ..files import atomic_write_json
 from ..records import DEFAULT_MAX_PIXELS, Task, TaskOutcome
 from ..rundir import layout
@@ -101,7 +102,8 @@ def reconciled_text(counts: dict) -> str:
     words = {"orphan_images": "images of killed writes without a journal line removed",
              "quarantined_images": f"unknown images moved to {ORPHANS}/",
              "temp_files": "temp files of killed writes removed",
-             "continued_tasks": "api_failed tasks continued from rounds of a killed retry"}
+             "continued_tasks": "api_failed tasks continued from rounds of a killed retry",
+             "batch_files": "request or results files of a killed --batch run removed"}
     return ", ".join(f"{counts[k]} {text}" for k, text in words.items() if counts.get(k))
 
 
@@ -125,6 +127,8 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
     store = RunStore(run_dir, {"max_rounds": options.max_rounds, "accept": options.accept, "seed": options.seed,
                                **(config or {})}, signer=signer).open()
     summary = RunSummary(Path(run_dir), reconciled=Counter(store.reconciled))
+    if removed := remove_batch_files(run_dir):  # any run, --batch or not: only a live batch run needs them
+        summary.reconciled["batch_files"] = removed
     mine = [t for t in tasks if in_shard(t, options.shard)]
     summary.tasks = len(mine)
     redo = {"api_failed"} if options.retry_failed else set()

@@ -11,6 +11,7 @@ sent) for as long as the test needs the client to sit in the middle of it.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,7 +132,16 @@ def test_no_results_file_outlives_an_interrupted_or_killed_batch_run(echo_gemini
     job = "batches/" + stale[0].name.removeprefix("batches-").removesuffix(".results.jsonl")
     assert job in json.loads((out / "medbanana-batches.json").read_text())["jobs"]  # still to be read
 
-    # ... until the next run opens the directory: gone before that run polls the job (held RUNNING for now)
+    # ... until the next run opens the directory, with --batch (below) or without it (here, on a copy)
+    local = tmp_path / "resumed-without-batch"
+    shutil.copytree(out, local)
+    done = subprocess.run([*command[:command.index("--out") + 1], str(local), "--max-rounds", "2", "-q"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 request or results files of a killed --batch run removed" in done.stdout
+    assert not list((local / "medbanana-cache" / "batches").glob("*.jsonl"))
+
+    # with --batch: gone before that run polls the job (held RUNNING for now)
     held_downloads.open()
     echo_gemini.batches.hold(first=int(job.rsplit("-", 1)[1]))
     polls = echo_gemini.batches.polls[job]
