@@ -99,7 +99,7 @@ def _add_probe_options(p) -> None:
                         "AUROC (0.5 = indistinguishable) with a 95%% interval, grouped k-fold by source image, "
                         "raw and controlled (both sides re-encoded alike), per modality and direction; with "
                         "--all-attempts rejected edits get their own rows. Writes separability.{md,csv,json,png}. "
-                        "Each image's features are appended to OUT/medbanana-cache/probe-features.bin as they are "
+                        "Each image's features are appended to OUT/medbanana-cache/probe-features/ as they are "
                         "computed (keyed by the image's bytes and the feature settings): rerun the same command "
                         "after an interruption and only the missing ones are computed")
     g.add_argument("--probe-size", type=int, default=256, metavar="PX",

@@ -1,29 +1,27 @@
 """Per-image probe features kept in the evaluation folder, so that an interrupted `eval --separability` resumes.
 
-``OUT/medbanana-cache/probe-features.bin`` is append-only. A record is a header line ``KEY RAW CONTROLLED\\n``
-(RAW, CONTROLLED: the lengths of the two vectors), the vectors as little-endian float32, and ``\\n``, written in one
-write as each image's features arrive. KEY is the sha256 of the image's content hash, the feature set (weight-free
-or the embedder's spec), that feature set's code version, the analysis size and the JPEG quality: a change of any of
-them is a miss, never a stale hit. Unreadable images are not stored (asked again on the next run).
-
-Opening reads the headers (seeking past the bodies) and stops at the first record that is torn or not one of ours;
-a kill mid-write leaves at most the last record torn, and the file is cut back to the end of the last whole record
-before anything is appended, so what the next run appends is read back. One writer at a time: `eval` holds its
-output folder's lock. Entries of other settings stay in the file; deleting it only costs recomputation.
+``OUT/medbanana-cache/probe-features/`` holds them in the request cache's append-only logs
+(generation/backends/response_cache.py: a log per process, one write per record, a record torn by a kill ignored).
+A record's body is the raw vector's length (uint32) and the raw and controlled vectors as little-endian float32,
+written as each image's features arrive. Its key is the sha256 of the image's content hash, the feature set
+(weight-free or the embedder's spec), that feature set's code version, the analysis size and the JPEG quality: a
+change of any of them is a miss, never a stale hit. Unreadable images are not stored (asked again on the next run).
+Entries of other settings stay; deleting the folder only costs recomputation.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
-CACHE_NAME = "probe-features.bin"  # under OUT/medbanana-cache/
+from ..generation.backends.response_cache import ResponseCache
+
+CACHE_NAME = "probe-features"  # under OUT/medbanana-cache/
 _FLOAT = np.dtype("<f4")
-_MAX_HEADER = 200
+_LENGTH = 4  # bytes of the raw vector's length before the vectors
 
 
 def content_digest(data: bytes) -> str:
@@ -38,73 +36,36 @@ def feature_key(digest: str, feature_set: str, version: int, size: int, quality:
 
 
 class FeatureCache:
-    """(raw, controlled) float32 vectors by key, in one append-only file; counts what it served and stored."""
+    """(raw, controlled) float32 vectors by key; counts what it served and stored."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._index, end = _read_index(self._fd)
-        if end < os.fstat(self._fd).st_size:
-            os.ftruncate(self._fd, end)  # drop a torn last record so later appends stay readable
-        self._end = end
+        self._logs = ResponseCache(self.path)
         self.reused = 0
         self.stored = 0
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._logs.keys())
 
     def __contains__(self, key: str) -> bool:
-        return key in self._index
+        return key in self._logs
 
     def keys(self) -> frozenset[str]:
-        return frozenset(self._index)
+        return frozenset(self._logs.keys())
 
     def get(self, key: str) -> tuple[np.ndarray, np.ndarray] | None:
-        entry = self._index.get(key)
-        if entry is None:
+        body = self._logs.read_bytes(key)
+        if body is None:
             return None
-        offset, n_raw, n_controlled = entry
-        body = os.pread(self._fd, (n_raw + n_controlled) * _FLOAT.itemsize, offset)
-        values = np.frombuffer(body, _FLOAT).astype(np.float32)
+        n_raw = int.from_bytes(body[:_LENGTH], "little")
+        values = np.frombuffer(body, _FLOAT, offset=_LENGTH).astype(np.float32)
         self.reused += 1
         return values[:n_raw], values[n_raw:]
 
     def put(self, key: str, raw: np.ndarray, controlled: np.ndarray) -> None:
         raw, controlled = np.asarray(raw, _FLOAT).ravel(), np.asarray(controlled, _FLOAT).ravel()
-        header = f"{key} {raw.size} {controlled.size}\n".encode("ascii")
-        os.lseek(self._fd, self._end, os.SEEK_SET)
-        # one write per record: a kill tears at most this one, which the next open cuts away
-        written = os.write(self._fd, header + raw.tobytes() + controlled.tobytes() + b"\n")
-        self._index[key] = (self._end + len(header), raw.size, controlled.size)
-        self._end += written
+        self._logs.put_bytes(key, raw.size.to_bytes(_LENGTH, "little") + raw.tobytes() + controlled.tobytes())
         self.stored += 1
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
-
-def _read_index(fd: int) -> tuple[dict[str, tuple[int, int, int]], int]:
-    """key -> (body offset, raw length, controlled length) for each whole record, and where the last one ends."""
-    size = os.fstat(fd).st_size
-    index: dict[str, tuple[int, int, int]] = {}
-    end = 0
-    while end < size:
-        head = os.pread(fd, _MAX_HEADER, end)
-        line, newline, _ = head.partition(b"\n")
-        try:
-            key, n_raw, n_controlled = line.decode("ascii").split()
-            n_raw, n_controlled = int(n_raw), int(n_controlled)
-        except (UnicodeDecodeError, ValueError):
-            break
-        if not newline or len(key) != 64 or n_raw < 0 or n_controlled < 0:
-            break
-        body = end + len(line) + 1
-        record_end = body + (n_raw + n_controlled) * _FLOAT.itemsize + 1
-        if record_end > size or os.pread(fd, 1, record_end - 1) != b"\n":
-            break
-        index[key] = (body, n_raw, n_controlled)
-        end = record_end
-    return index, end
+        self._logs.close()

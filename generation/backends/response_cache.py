@@ -1,4 +1,5 @@
 """Completed API answers on disk, by the sha256 of their request: what lets a resumed run skip what it paid for.
+(The probes keep their per-image features in the same kind of logs: evaluation/probe_cache.py.)
 
 Each process appends to a log of its own, `DIR/answers-<time_ns>-<pid>.log`, opened once: a record is a header line
 `KEY LENGTH TIME_NS\\n`, the answer's UTF-8 bytes and `\\n`, in one write. A file per answer (the earlier layout,
@@ -52,33 +53,47 @@ class ResponseCache:
 
     def read(self, key: str) -> str | None:
         """The stored text, None when there is none (or it is not text: asked again and replaced)."""
+        data = self.read_bytes(key)
+        try:
+            return data.decode("utf-8") if data is not None else None
+        except UnicodeDecodeError:
+            return None
+
+    def read_bytes(self, key: str) -> bytes | None:
+        """The stored bytes, None when there are none."""
         entry = self._entries().get(key)
         try:
             if entry is None:
-                data = self._legacy_path(key).read_bytes()
-            elif entry.length < 0:
+                return self._legacy_path(key).read_bytes()
+            if entry.length < 0:
                 return None
-            else:
-                with open(entry.log, "rb") as fh:
-                    fh.seek(entry.offset)
-                    data = fh.read(entry.length)
-            return data.decode("utf-8")
-        except (FileNotFoundError, UnicodeDecodeError):
+            with open(entry.log, "rb") as fh:
+                fh.seek(entry.offset)
+                return fh.read(entry.length)
+        except FileNotFoundError:
             return None
 
     def put_json(self, key: str, body: str) -> None:
         """Store an answer's JSON text as it is (no re-serialisation: one append)."""
         self._append(key, body.encode("utf-8"))
 
+    def put_bytes(self, key: str, body: bytes) -> None:
+        self._append(key, body)
+
     def forget(self, key: str) -> None:
         self._legacy_path(key).unlink(missing_ok=True)
         if key in self._entries():
             self._append(key, None)
 
+    def keys(self) -> set[str]:
+        """Every key with something stored (an earlier layout's files too)."""
+        entries = self._entries()
+        return ({key for key, entry in entries.items() if entry.length >= 0}
+                | {p.stem for p in self.directory.glob("??/*.json") if p.stem not in entries})
+
     def answers(self) -> dict[str, str]:
         """Every stored answer by key (for inspection and tests; reads every body)."""
-        keys = set(self._entries()) | {p.stem for p in self.directory.glob("??/*.json")}
-        return {key: text for key in sorted(keys) if (text := self.read(key)) is not None}
+        return {key: text for key in sorted(self.keys()) if (text := self.read(key)) is not None}
 
     # ------------------------------------------------------------ the logs
 

@@ -1,5 +1,5 @@
 """`eval --separability` resumes: the real CLI, killed (SIGKILL to its process group, as a preempted node) once part
-of the per-image features are in OUT/medbanana-cache/probe-features.bin, then rerun, reuses them and reports exactly
+of the per-image features are in OUT/medbanana-cache/probe-features/, then rerun, reuses them and reports exactly
 what an uninterrupted run reports; a torn last record is ignored; other settings or other image bytes never hit."""
 
 import io
@@ -83,13 +83,21 @@ def _whole_records(path: Path) -> int:
         cache.close()
 
 
+def _logs(cache_path: Path) -> list[Path]:
+    return sorted(cache_path.glob("answers-*.log"))
+
+
+def _cache_bytes(cache_path: Path) -> int:
+    return sum(log.stat().st_size for log in _logs(cache_path))
+
+
 def _kill_partway(folder: Path, out: Path, cache_path: Path, at_least: int = 3000) -> int:
     """Start the CLI in its own process group and SIGKILL the group once the cache holds `at_least` bytes."""
     proc = subprocess.Popen(_command(folder, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while not (cache_path.is_file() and cache_path.stat().st_size >= at_least):
+        while _cache_bytes(cache_path) < at_least:
             assert proc.poll() is None, "the run ended before it could be killed: give it more images"
             assert time.monotonic() < deadline, "the cache never grew"
             time.sleep(0.002)
@@ -112,7 +120,8 @@ def test_a_killed_probe_resumes_from_its_cache_and_reports_like_an_uninterrupted
     assert 0 < cached < images, "the kill came before any feature or after all of them"
 
     # a crash mid-write: the last record (a header and 83 float32, over 400 bytes) loses its last 100 bytes
-    os.truncate(cache_path, cache_path.stat().st_size - 100)
+    (log,) = _logs(cache_path)  # the killed process's
+    os.truncate(log, log.stat().st_size - 100)
     assert _whole_records(cache_path) == cached - 1
 
     assert _eval(samples_folder, out) == (images - (cached - 1), cached - 1)
@@ -122,9 +131,9 @@ def test_a_killed_probe_resumes_from_its_cache_and_reports_like_an_uninterrupted
     assert _eval(samples_folder, out) == (0, images)  # nothing left to compute
     assert _tables(out) == _tables(reference)
 
-    before = cache_path.stat().st_size
+    before = _cache_bytes(cache_path)
     assert _eval(samples_folder, out, size=128) == (images, 0)  # another --probe-size: no stale entry reused
-    assert cache_path.stat().st_size > before
+    assert _cache_bytes(cache_path) > before
     assert _eval(samples_folder, out, size=192) == (0, images)  # the first settings' entries are still there
 
 
@@ -155,14 +164,15 @@ def test_cache_keys_vectors_and_torn_tails(tmp_path):
     for key, (raw, controlled) in zip(keys, vectors):
         cache.put(key, raw, controlled)
     cache.close()
-    path.write_bytes(path.read_bytes() + b"f" * 64 + b" 5 3\n" + b"\x00" * 7)  # a torn record after them
+    (log,) = _logs(path)
+    log.write_bytes(log.read_bytes() + b"f" * 64 + b" 36 1\n" + b"\x00" * 7)  # a torn record after them
     cache = FeatureCache(path)
     assert len(cache) == 3 and cache.get("f" * 64) is None
     for key, (raw, controlled) in zip(keys, vectors):
         got_raw, got_controlled = cache.get(key)
         assert got_raw.tobytes() == raw.tobytes() and got_controlled.tobytes() == controlled.tobytes()
     assert cache.reused == 3
-    cache.put("e" * 64, *vectors[0])  # appended where the torn record was cut away
+    cache.put("e" * 64, *vectors[0])  # appended to a log of this process: the torn one is never written again
     cache.close()
     cache = FeatureCache(path)
     assert len(cache) == 4 and cache.get("e" * 64)[1].tobytes() == vectors[0][1].tobytes()
