@@ -10,7 +10,6 @@ goes into the same grouped logistic-regression probe.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -89,8 +88,7 @@ def _timm_embedder(name: str, torch) -> Embedder:
     else:
         model = timm.create_model(name, pretrained=True, num_classes=0)
     transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
-    return _torch_embedder(f"timm:{name}", model, transform, torch,
-                           weights=file_digest(weights) if folder.is_dir() else "")
+    return _torch_embedder(f"timm:{name}", model, transform, torch, weights=weights if folder.is_dir() else None)
 
 
 def _open_clip_embedder(name: str, torch) -> Embedder:
@@ -102,18 +100,12 @@ def _open_clip_embedder(name: str, torch) -> Embedder:
     model, _, transform = open_clip.create_model_and_transforms(architecture, pretrained=pretrained or None)
     local = Path(pretrained).is_file() if pretrained else False  # a checkpoint file rather than a tag
     return _torch_embedder(f"open_clip:{name}", model, transform, torch, method="encode_image",
-                           weights=file_digest(Path(pretrained)) if local else "")
+                           weights=Path(pretrained) if local else None)
 
 
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _torch_embedder(name: str, model, transform, torch, method: str = "__call__", weights: str = "") -> Embedder:
+def _torch_embedder(name: str, model, transform, torch, method: str = "__call__",
+                    weights: Path | None = None) -> Embedder:
+    """`weights`: a local weights file, whose digest the probe cache's keys name."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device).eval()
     forward = getattr(model, method)
@@ -123,4 +115,8 @@ def _torch_embedder(name: str, model, transform, torch, method: str = "__call__"
             batch = torch.stack([transform(im) for im in images]).to(device)
             return forward(batch).float().reshape(len(images), -1).cpu().numpy()
 
-    return Embedder(name, embed, weights)
+    if weights is None:
+        return Embedder(name, embed)
+    from ..builder.manifest import sha256_file  # here: the feature workers import this module, not the builder
+
+    return Embedder(name, embed, sha256_file(weights))
