@@ -37,6 +37,12 @@ def atomic_write_json(path: Path, obj) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8"))
 
 
+def same_bytes(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (one file by two names, a hard link, at once); OSError if either
+    cannot be read."""
+    return os.path.samefile(a, b) or Path(a).read_bytes() == Path(b).read_bytes()
+
+
 def read_jsonl(path: Path) -> list:
     """The lines of a JSON Lines file in order, [] when it does not exist; a line that does not parse (the last
     one, torn by a kill mid-write) is skipped."""

@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from . import layout
+from ..files import same_bytes
 from .lock import hold_lock
 from .store import IDENTITY_KEYS, RunStore
 
@@ -27,7 +28,7 @@ class MergeConflict(RuntimeError):
 def _link_or_copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.exists():
-        if dst.read_bytes() != src.read_bytes():
+        if not same_bytes(dst, src):
             raise MergeConflict(f"{dst} exists with other content than {src}")
         return
     try:

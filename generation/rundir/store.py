@@ -28,7 +28,7 @@ from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
 from .schema import attempt_from_round
 from ..records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome
-from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, read_jsonl  # noqa: F401 (re-exported)
+from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, read_jsonl, same_bytes  # noqa: F401 (re-exported)
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
@@ -150,8 +150,11 @@ class RunStore:
         ORPHANS/rel instead, never deleted."""
         path = self.run_dir / rel
         source = self.incoming.get(path.resolve())
-        if source is not None and _same_bytes(path, source):  # linked by a merge killed before its journal line
-            return  # the merge goes on and keeps it
+        try:
+            if source is not None and same_bytes(path, source):  # linked by a merge killed before its journal line
+                return  # the merge goes on and keeps it
+        except OSError:  # the shard's file is gone: this one is an orphan like any other
+            pass
         try:
             mark = read_mark(path.read_bytes())
         except (OSError, ValueError):
@@ -303,13 +306,6 @@ def _check_signing(run_dir: Path, recorded: dict | None, given: dict | None) -> 
 
 def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in ("key", "api_failure")}
-
-
-def _same_bytes(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b) or a.read_bytes() == b.read_bytes()
-    except OSError:
-        return False
 
 
 def _ends_with_newline(path: Path) -> bool:
