@@ -12,8 +12,8 @@ polled. A restarted run rebuilds the same requests from the journal: answered on
 a submitted job are polled there, and only the rest are submitted. (A kill between a job's creation and the
 write of its name can still lose that one job; it is then submitted again.) Request and results files under
 RUN_DIR/medbanana-cache/batches/ last no longer than the run that made them: one killed outright leaves them to
-the next run, which removes them when it opens the run directory (session.open_run). Memory grows with the run: every live task's source, and a
-step's requests, are held at once; split large runs with --shard.
+the next run, which removes them when it opens the run directory (session.open_run). Memory grows with the run:
+every live task's source, and a step's requests, are held at once; split large runs with --shard.
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ class BatchCalls:
                 answered = False
                 if not problem and state in ("JOB_STATE_SUCCEEDED", "JOB_STATE_PARTIALLY_SUCCEEDED"):
                     try:
-                        answered = self._store_results(await self.transport.batch_results(job, self.work_dir),
-                                                       failures)
+                        self._store_results(await self.transport.batch_results(job, self.work_dir), failures)
+                        answered = True
                     except APIError as exc:
                         if exc.kind != "bad_response":
                             raise
@@ -172,16 +172,15 @@ class BatchCalls:
                 await self._sleep(self.poll_interval)
         return failures
 
-    def _store_results(self, results, failures: dict[str, CallFailure]) -> bool:
-        """Each answer of a job into the cache, each failed request into `failures`; True. A results file goes
-        when reading ends, even by an exception (a line that does not parse: ValueError)."""
+    def _store_results(self, results, failures: dict[str, CallFailure]) -> None:
+        """Each answer of a job into the cache, each failed request into `failures`. A results file goes when
+        reading ends, even by an exception (a line that does not parse: ValueError)."""
         with closing(results):
             for key, item in results:
                 if isinstance(item, CallFailure):
                     failures[key] = item
                 else:
                     self.cache.put(key, item)
-        return True
 
 
 def _detail(exc: APIError, name: str) -> str:
