@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from fake_runs import mimic_sources, use_fake_gemini
+from fake_runs import mimic_sources
 from medbanana.generation.backends.gemini_transport import ResultsFile
 from medbanana.generation.backends.http import CallFailure
 from medbanana.generation.testing import fake_gemini
-from test_gemini_batch import KEY, _essentials, _job_shapes, _run, _wait_for
+from test_gemini_batch import _essentials, _job_shapes, _run, _wait_for, env  # noqa: F401 (env: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +32,6 @@ def sources(tmp_path_factory) -> Path:
     # 24 tasks with ~0.7 MB sources: each step's requests (~22 MB of base64, twice that for the judge) are over
     # the 19 MB inline limit, so they are uploaded and their results downloaded as files, as in a large run
     return mimic_sources(tmp_path_factory.mktemp("batch-files") / "sources", "MIMIC_files", size=768)
-
-
-@pytest.fixture
-def env(echo_gemini, monkeypatch):
-    use_fake_gemini(monkeypatch, echo_gemini, KEY)
 
 
 class _HalfSent:
