@@ -29,11 +29,8 @@ def reason_phrases(reason: str) -> list[str]:
     ['change too subtle in the sella', 'hard edges at the lesion border']
     """
     # A card counts the clauses of every rejected attempt (~200,000 at release scale): each regular expression
-    # runs only where its character occurs, since scanning every text with each costs seconds; a text that is one
-    # plain clause (printable ASCII without ';', '.', brackets, digits or double spaces) is only lower-cased.
-    if reason.isascii() and not reason.encode().translate(None, _PLAIN) and "  " not in reason:
-        text = reason.lower().strip(" .,:;-")
-        return [text] if len(text) >= 3 else []
+    # runs only where its character occurs, since scanning every text with each costs seconds. (Texts that are one
+    # plain clause take `count_phrases`'s bulk path and never come here.)
     phrases = []
     for part in reason.replace("\n", ";").split(";"):
         for clause in _SENTENCE_END.split(part) if "." in part else (part,):
