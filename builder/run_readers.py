@@ -80,7 +80,7 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
     _check_rounds(task, numbers)
     # Run for every attempt of a release (~280,000): the common case of each check is tested inline, and the
     # helpers (which name the round in a refusal) are called only otherwise.
-    run_dir, attempts = unit.run_dir, task.attempts
+    run_dir = unit.run_dir
     dataset, direction, source_id = task.dataset, task.direction, task.source_id
     accepted_round = task.success_round if status == "success" else _NO_ROUND
     for number, raw in zip(numbers, rounds):
@@ -100,17 +100,14 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
         seconds = raw.seconds
         if seconds is not None and seconds.__class__ is not float:
             seconds = _seconds(seconds, where)
-        attempt = AttemptRecord(
+        _add_attempt(task, AttemptRecord(
             round=number, instruction=raw.instruction or (prompt.prompt if prompt else None),
             writer_thinking_json=prompt.thinking_summary if prompt else None,
             edit_error=None if edited else (edit.error or "the editor produced no image"),
             verdict=verification,
             judge_thinking_json=verification.thinking_summary if verification else None,
             judge_model=verification.model if verification else None, accepted=accepted, image=image,
-            seconds=seconds)
-        attempts.append(attempt)
-        if accepted:
-            task.accepted = attempt
+            seconds=seconds))
     task.final_prompt = entry.final_prompt
     if entry.final_image:  # recorded in the conversations rows, so held to the same rule as the images read
         confined.check(unit.run_dir, entry.final_image, lambda: f"{task.origin}, field 'final_image'")
