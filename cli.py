@@ -7,8 +7,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 EPILOG = "Run `medbanana COMMAND --help` for each command's options. Docs: README.md and ARCHITECTURE.md."
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("medbanana")
+    except PackageNotFoundError:  # imported from a checkout that was never installed
+        return "(not installed)"
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as `medbanana: warning: MESSAGE`: which of our lines raised it (Python's default) means nothing to
+    a user, and the message says what to do."""
+    print(f"medbanana: warning: {message}", file=file or sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build, package and train on instruction-based medical image editing data (Med-Banana-50K "
                     "style): generate edits with writer -> editor -> judge refinement, then publish them as a "
                     "Hugging Face dataset.")
+    parser.add_argument("--version", action="version", version=f"medbanana {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     from .evaluation import commands as evaluation_commands
@@ -41,10 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .generation.extras import MissingExtra
     from .generation.rundir.lock import EXIT_LOCKED, LockHeld
 
+    warnings.showwarning = _one_line_warning
     try:
         return args.func(args)
+    except MissingExtra as exc:  # an optional dependency this command needs: the extra to install, not a traceback
+        print(f"medbanana {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except LockHeld as exc:  # another process writes (or reads) that folder: not this command's fault
         print(f"medbanana {args.command}: {exc}", file=sys.stderr)
         return EXIT_LOCKED

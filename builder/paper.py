@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from ..generation.extras import require
 from ..generation.records import RUBRIC_WEIGHTS
 from .output import FIGURE
 from .stats import BuildStats
@@ -78,11 +79,7 @@ def failure_reasons_table(stats: BuildStats, top: int = TOP_REASONS) -> Table:
 # ---------------------------------------------------------------- figure
 
 def require_matplotlib():
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError(f"Figure 3 needs matplotlib: {EVAL_EXTRA}") from None
-    return Figure
+    return require("matplotlib.figure", needed_for="Figure 3", extra="eval").Figure
 
 
 PANEL_TITLES = ("(a) Tasks by modality and direction", "(b) Rounds to success", "(c) Outcomes per disease",

@@ -4,13 +4,15 @@ refiner_dpo.py), which differ only in their trainer."""
 
 from __future__ import annotations
 
-import importlib
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TRAIN_HINT = "pip install 'medbanana[train]'"
+from medbanana.generation.extras import MissingExtra, install_hint, require
+
+TRAIN_HINT = install_hint("train")
 
 
 def help_text(doc: str) -> dict:
@@ -22,12 +24,19 @@ def help_text(doc: str) -> dict:
 
 
 def require_training_stack(*modules: str) -> None:
-    """Import the training dependencies now, with the pip hint when one is missing."""
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise ImportError(f"{name} is needed to train: {TRAIN_HINT}") from exc
+    """Import the training dependencies now, or MissingExtra naming the `train` extra."""
+    require(*modules, needed_for="training", extra="train")
+
+
+def run_recipe(make_parser: Callable, main: Callable) -> None:
+    """`python -m medbanana.dpo.RECIPE ...`: a missing training dependency ends the command with one line naming the
+    extra to install (exit 2), as the `medbanana` command does; everything else runs as `main` decides."""
+    try:
+        parser = make_parser()
+    except MissingExtra as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    main(*parser.parse_args_and_config())
 
 
 @dataclass

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from medbanana.dpo.common import (ScriptArguments, help_text, load_examples, model_location, require_training_stack,
-                                  setup_errors)
+                                  run_recipe, setup_errors)
 from medbanana.loaders.trl import to_diffusion_dpo
 
 # pairs that cannot be trained on, and why their column is null
@@ -268,4 +268,4 @@ def make_parser():
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    run_recipe(make_parser, main)

@@ -32,7 +32,7 @@ import copy
 from dataclasses import dataclass
 
 from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, load_examples, load_vlm, model_location,
-                                  train_and_save, trl_parser)
+                                  run_recipe, train_and_save, trl_parser)
 from medbanana.loaders.trl import to_refiner_dpo
 
 TEXT_COLUMNS = ("prompt", "chosen", "rejected")
@@ -73,4 +73,4 @@ def make_parser():
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    run_recipe(make_parser, main)

@@ -61,10 +61,7 @@ def load_classifier(spec: str) -> Classifier:
         if not weights:
             raise ValueError("--classifier torchxrayvision:WEIGHTS needs the weights' name, e.g. "
                              "torchxrayvision:densenet121-res224-all")
-        try:
-            import torchxrayvision as xrv
-        except ImportError as exc:
-            raise ImportError("--classifier torchxrayvision:... needs pip install 'medbanana[probes-xray]'") from exc
+        xrv = require("torchxrayvision", needed_for="--classifier torchxrayvision:...", extra="probes-xray")
         if weights not in xrv.models.model_urls:
             raise ValueError(f"--classifier {spec}: unknown torchxrayvision weights; one of "
                              f"{', '.join(sorted(xrv.models.model_urls))}")

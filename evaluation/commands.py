@@ -318,18 +318,16 @@ def run_judge_agreement(args) -> int:
 
 
 def run_stats(args) -> int:
-    from .stats import require_matplotlib, summarise, write_stats
+    from .stats import FIGURE, summarise, write_stats
 
-    try:
-        require_matplotlib()
-    except ImportError as exc:
-        print(f"medbanana stats: error: {exc}", file=sys.stderr)
-        return 2
     summary = summarise(args.inputs)
-    write_stats(summary, args.out)
+    written = write_stats(summary, args.out)
     stats = summary.stats
     print(f"{stats.total_tasks():,} tasks ({stats.total_tasks('success'):,} success, "
           f"{stats.total_tasks('failed'):,} failed, {stats.total_tasks('api_failed'):,} api_failed), "
           f"{sum(stats.attempts.values()):,} attempts")
-    print(f"wrote {args.out.resolve()}/report.md and figure3.png")
+    if written["figure3"] == FIGURE:
+        print(f"wrote {args.out.resolve()}/report.md and {FIGURE}")
+    else:
+        print(f"wrote {args.out.resolve()}/report.md; {FIGURE} {written['figure3']}")
     return 0

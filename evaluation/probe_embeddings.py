@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..generation.extras import require
 from .inputs import ImageRef, image_bytes
 from .probe_features import FeatureSettings, controlled_image
 
@@ -61,20 +62,14 @@ def load_embedder(spec: str) -> Embedder:
     kind, _, name = spec.partition(":")
     if not name or kind not in ("timm", "open_clip"):
         raise ValueError(f"--probe-features {spec!r}: use timm:NAME, timm:FOLDER or open_clip:MODEL/PRETRAINED")
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError("--probe-features needs torch: pip install 'medbanana[probes-pretrained]'") from exc
+    torch = require("torch", needed_for="--probe-features", extra="probes-pretrained")
     if kind == "timm":
         return _timm_embedder(name, torch)
     return _open_clip_embedder(name, torch)
 
 
 def _timm_embedder(name: str, torch) -> Embedder:
-    try:
-        import timm
-    except ImportError as exc:
-        raise ImportError("--probe-features timm:... needs pip install 'medbanana[probes-pretrained]'") from exc
+    timm = require("timm", needed_for="--probe-features timm:...", extra="probes-pretrained")
     folder = Path(name)
     if folder.is_dir():
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -92,10 +87,7 @@ def _timm_embedder(name: str, torch) -> Embedder:
 
 
 def _open_clip_embedder(name: str, torch) -> Embedder:
-    try:
-        import open_clip
-    except ImportError as exc:
-        raise ImportError("--probe-features open_clip:... needs pip install 'medbanana[probes-pretrained]'") from exc
+    open_clip = require("open_clip", needed_for="--probe-features open_clip:...", extra="probes-pretrained")
     architecture, _, pretrained = name.partition("/")
     model, _, transform = open_clip.create_model_and_transforms(architecture, pretrained=pretrained or None)
     local = Path(pretrained).is_file() if pretrained else False  # a checkpoint file rather than a tag

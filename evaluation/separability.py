@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import rankdata
 
+from ..generation.extras import require
 from .inputs import ImageRef, Sample, image_bytes
 from .probe_cache import FeatureCache, content_digest, feature_key
 from .probe_embeddings import BATCH as EMBED_BATCH
@@ -35,10 +36,7 @@ BOOTSTRAP = 1000
 
 
 def require_sklearn():
-    try:
-        import sklearn  # noqa: F401
-    except ImportError as exc:
-        raise ImportError("the separability probe needs scikit-learn: pip install 'medbanana[probes]'") from exc
+    require("sklearn", needed_for="the separability probe", extra="probes")
 
 
 # ---------------------------------------------------------------- the statistics

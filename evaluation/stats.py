@@ -18,6 +18,7 @@ from ..builder.run_readers import read_built_conversations
 from ..builder.runs import TaskRecord, discover_units, read_tasks
 from ..builder.stats import BuildStats
 from ..builder.tables import Table
+from ..generation.extras import MissingExtra
 from .inputs import input_kind
 
 
@@ -56,17 +57,22 @@ def reasons_table(counts: TaskCounts, top: int = TOP_REASONS) -> Table:
 
 
 def write_stats(summary: TaskCounts, out: Path) -> dict:
-    """Tables (md + csv), figure3.png, stats.json and report.md in `out`; returns what stats.json holds."""
-    require_matplotlib()
+    """Tables (md + csv), figure3.png, stats.json and report.md in `out`; returns what stats.json holds. Without
+    matplotlib the figure is left out (`figure3` is then the reason) and everything else is written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tables = {"table1": table1(summary.stats), "table2": table2(summary.stats),
               "failure_reasons": reasons_table(summary)}
     for name, table in tables.items():
         table.write(out, name)
-    save_figure3(summary.stats, out / FIGURE)
     data = {name: table.as_dicts() for name, table in tables.items()}
+    try:
+        save_figure3(summary.stats, out / FIGURE)
+        data["figure3"] = FIGURE
+    except MissingExtra as exc:
+        data["figure3"] = f"not drawn: {exc}"
     data["counts"] = summary.stats.to_json()
     (out / "stats.json").write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-    (out / "report.md").write_text("# Run statistics\n\n" + card_section(summary.stats), encoding="utf-8")
+    figure = FIGURE if data["figure3"] == FIGURE else None
+    (out / "report.md").write_text("# Run statistics\n\n" + card_section(summary.stats, figure), encoding="utf-8")
     return data

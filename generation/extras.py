@@ -5,8 +5,22 @@ from __future__ import annotations
 import importlib
 
 
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message names the pip extra. The CLI and the recipes show it as
+    one line (exit 2), where any other ImportError (a bug) keeps its traceback."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra, from PyPI or from a clone of the repository.
+
+    >>> install_hint("train")
+    "pip install 'medbanana[train]' (from a clone: pip install '.[train]')"
+    """
+    return f"pip install 'medbanana[{extra}]' (from a clone: pip install '.[{extra}]')"
+
+
 def require(*modules: str, needed_for: str, extra: str):
-    """The imported modules (one, or a tuple), or ImportError: "NEEDED_FOR needs ...: pip install 'medbanana[EXTRA]'".
+    """The imported modules (one, or a tuple), or MissingExtra: "NEEDED_FOR needs ...: pip install 'medbanana[EXTRA]'".
 
     >>> require("json", needed_for="reading", extra="core").__name__
     'json'
@@ -14,5 +28,5 @@ def require(*modules: str, needed_for: str, extra: str):
     try:
         loaded = tuple(importlib.import_module(name) for name in modules)
     except ImportError as exc:
-        raise ImportError(f"{needed_for} needs {' and '.join(modules)}: pip install 'medbanana[{extra}]'") from exc
+        raise MissingExtra(f"{needed_for} needs {' and '.join(modules)}: {install_hint(extra)}") from exc
     return loaded[0] if len(loaded) == 1 else loaded
