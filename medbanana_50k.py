@@ -4,7 +4,7 @@ datasets 4+ no longer runs loading scripts from a folder or the Hub, so this bui
 
     from medbanana.medbanana_50k import MedBanana50k
 
-    builder = MedBanana50k(config_name="dpo_pairs", data_dir="demo-run", cache_dir="/tmp/hf-cache")
+    builder = MedBanana50k(config_name="dpo_pairs", data_dir="demo-run/run", cache_dir="hf-cache")
     builder.download_and_prepare()
     ds = builder.as_dataset(split="train")
 

@@ -172,7 +172,9 @@ def open_image(data: bytes, max_pixels: int | None = None):
         # Pillow's own guard, from the header too (the warning is raised only when warnings are errors)
         limit = f" > {max_pixels} (--max-pixels)" if max_pixels else ""
         raise ValueError(f"over the pixel limit{limit}: {exc}") from None
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+    except UnidentifiedImageError:  # its message names the in-memory buffer, which tells the user nothing
+        raise ValueError("not a readable image: not an image format Pillow knows") from None
+    except (OSError, SyntaxError) as exc:
         raise ValueError(f"not a readable image: {exc}") from exc
     w, h = image.size
     if max_pixels is not None and w * h > max_pixels:

@@ -17,5 +17,9 @@ def cmd_taxonomy(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("taxonomy", help="list modalities, labels, edit targets and their regions")
+    p = sub.add_parser("taxonomy", help="list modalities, labels, edit targets and their regions",
+                       description="List the 3 modalities, their labels (CheXpert-style chest X-ray findings, brain "
+                                   "MRI tumour types, ODIR fundus diseases) with the folder name each uses in "
+                                   "SOURCES/{D}/{Disease}/, which labels are edit targets, and the anatomical "
+                                   "region an edit of each is placed in.")
     p.set_defaults(func=cmd_taxonomy)

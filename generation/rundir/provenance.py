@@ -29,6 +29,13 @@ SOURCE_TYPES = (
     "algorithmicMedia",  # made entirely by a non-trained algorithm
 )
 DEFAULT_SOURCE_TYPE = "compositeWithTrainedAlgorithmicMedia"
+# the human-readable note's "what this is", per DigitalSourceType: it must say the same as the machine-readable type
+WHAT_IT_IS = {
+    "trainedAlgorithmicMedia": "an image made by an AI model",
+    "compositeWithTrainedAlgorithmicMedia": "a scan edited by an AI model",
+    "compositeSynthetic": "a scan edited by a procedural simulator (no trained model)",
+    "algorithmicMedia": "an image made by a procedural algorithm (no trained model)",
+}
 
 NS = {
     "x": "adobe:ns:meta/",
@@ -88,7 +95,7 @@ def xmp_packet(run_id: str, models: dict[str, str] | None = None, *, source_type
             raise ValueError(f"extra property name {name!r} must be a letter then letters/digits/_ and not "
                              f"{' or '.join(sorted(_RESERVED))}")
         props[name] = xmp_text(value)
-    note = xmp_text(note or (f"Synthetic medical image: a real scan edited by an AI model (medbanana run "
+    note = xmp_text(note or (f"Synthetic medical image: {WHAT_IT_IS[source_type]} (medbanana run "
                              f"{props['RunId']}). Not a real patient image; not for diagnosis."))
     # values only ever appear escaped: quoteattr for attributes, escape for the element text
     attrs = "".join(f"\n    medbanana:{k}={quoteattr(v)}" for k, v in props.items())

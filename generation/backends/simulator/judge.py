@@ -165,7 +165,7 @@ class PixelJudge(Judge):
     """Deterministic rubric verdicts from pixels; `thresholds` may be tuned (documented in the module)."""
 
     name = "simulator"
-    scoring_mapping = "pixel measurements to 0-10, medbanana/generation/simulator/scores.py"
+    scoring_mapping = "pixel measurements to 0-10, medbanana/generation/backends/simulator/scores.py"
 
     def __init__(self, *, thresholds: Thresholds | None = None, model: str = "medbanana-pixel-judge-1"):
         self.thresholds = thresholds or Thresholds()
