@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -35,13 +38,48 @@ def save(path: Path, image: Image.Image, **kw) -> Path:
     return path
 
 
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG that claims width x height but holds almost no data (a decompression-limit probe)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(b"\0" * 64))
+            + png_chunk(b"IEND", b""))
+
+
+def png_with_chunk(image: Image.Image, kind: bytes, data: bytes) -> bytes:
+    """`image` as a PNG with one more chunk right after IHDR (before the pixels, so Pillow reads it on open)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    png = buf.getvalue()
+    return png[:33] + png_chunk(kind, data) + png[33:]  # signature 8 + IHDR 25
+
+
+def dicom_bytes(pixels: np.ndarray, photometric: str, frames: int = 1, **header) -> bytes:
+    """A DICOM file of 12-bit grey `pixels` with a patient name and id in its header (pydicom, the 'dicom' extra)."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = SecondaryCaptureImageStorage, generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    ds.PatientName, ds.PatientID = "Doe^Jane", "MRN99887766"
+    ds.Rows, ds.Columns = pixels.shape[-2:]
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, photometric
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 12, 11, 0
+    if frames > 1:
+        ds.NumberOfFrames = frames
+    for key, value in header.items():
+        setattr(ds, key, value)
+    ds.PixelData = pixels.astype(np.uint16).tobytes()
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    return buf.getvalue()
 
 
 def snapshot(root: Path, skip: Path) -> dict:
@@ -53,6 +91,12 @@ def snapshot(root: Path, skip: Path) -> dict:
             st = os.lstat(Path(folder, name))
             out[str(Path(folder, name).relative_to(root))] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+def run_prepare_process(argv: list, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`medbanana prepare ARGV` in its own process, killed after `timeout` seconds (a hang fails the test)."""
+    return subprocess.run([sys.executable, "-m", "medbanana", "prepare", *map(str, argv)], capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def run_cli(argv: list[str]) -> int:

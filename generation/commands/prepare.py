@@ -24,9 +24,12 @@ SIZE x SIZE RGB JPEG q95 (aspect kept by padding with black unless --aspect stre
 input. No metadata leaves with the pixels: EXIF, XMP, ICC, JPEG comments and DICOM headers are dropped (burned-in
 text in the pixels is not detected: out of scope). OUT/prepare_manifest.jsonl lists every image (source id,
 dataset, modality, labels, view, original path, content hash, size); OUT/prepare_report.json has one entry per
-file skipped (unreadable, truncated, CMYK, too small or large, duplicate content, unsafe path, symlink loop,
-dangling symlink), converted (16-bit, alpha, EXIF orientation, DICOM window) or renamed (spaces, non-ASCII).
-Rerunning on the same OUT skips what is done.
+file skipped (unreadable, truncated, CMYK, too small or large, bad EXIF, PNG text bomb, duplicate content, FIFO
+or other non-regular file, unsafe path, symlink loop, dangling symlink, folder linked out of ROOT), converted
+(16-bit, alpha, EXIF orientation, DICOM window) or renamed (spaces, non-ASCII, too long); the run goes on.
+DICOM files are named by content (dicom_<hash>): their input paths, which may hold patient names, are kept only
+in OUT/prepare_private.jsonl and the report; do not publish those two files. Rerunning on the same OUT skips what
+is done. Exit 0 when images were prepared (some files may be skipped), 1 when none was, 2 on a fatal problem.
 
 Kinds:
   mimic-cxr        ROOT holds files/ and mimic-cxr-2.0.0-{chexpert,metadata}.csv(.gz). Frontal (PA/AP) images,
@@ -96,6 +99,9 @@ def cmd_prepare(args) -> int:
         return 2
     total = 0
     for name, section in sections.items():
+        if section.get("skipped"):
+            print(f"{name}: {section['skipped']}")
+            continue
         c = section["counts"]
         total += c["prepared_total"]
         classes = ", ".join(f"{k} {v}" for k, v in section["per_class"].items())

@@ -4,6 +4,13 @@
     OUT/{D}/{Disease}/{id}.jpeg      sources for "remove" (single-disease images)
     OUT/prepare_manifest.jsonl       one line per prepared image (append-only; the resume record)
     OUT/prepare_report.json          per dataset: options, counts, one entry per file skipped/converted/renamed
+    OUT/prepare_private.jsonl        the input path of each image named from its content (DICOM): not to publish
+
+Output names: the file stem made safe (ASCII, at most MAX_ID characters), except for DICOM inputs whose adapter
+names them by file name: those are named `dicom_<first 16 hex of the file's SHA-256>`, because DICOM file names
+often hold the patient's name; their input path goes only to prepare_private.jsonl and the report (the manifest,
+which travels with the sources, has original_path null). Every per-file failure (a FIFO or device, an unreadable or
+hostile image) is a report entry and the run goes on.
 
 Adapters (adapters/) find labelled files; preprocess.py turns each into a SIZE x SIZE RGB JPEG (q95, aspect kept
 by padding unless --aspect stretch) without any metadata. Files are taken per class in sorted order, or with
@@ -20,8 +27,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import random
 import re
+import stat
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -30,10 +39,15 @@ from pathlib import Path
 from ..files import atomic_write_bytes, atomic_write_json, read_jsonl
 from ..taxonomy import load_taxonomy
 from .adapters import AdapterOptions, Candidate, DatasetSource, PrepareError, Problem, load_dataset_sources
+from .adapters.base import not_regular
 from .preprocess import BadImage, ImageOptions, Prepared, prepare_image
 
 MANIFEST = "prepare_manifest.jsonl"
 REPORT = "prepare_report.json"
+PRIVATE = "prepare_private.jsonl"
+# output stems stay far below NAME_MAX (255 bytes) once the generator adds -{Disease}-edit-failed-{round}.jpeg and
+# a temporary file's prefix and suffix
+MAX_ID = 100
 
 
 @dataclass
@@ -50,12 +64,16 @@ class PrepareOptions:
 def safe_id(stem: str) -> str:
     """An ASCII file stem of letters, digits, '.', '_' and '-' (no leading dot), from any name."""
     text = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode()
-    text = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._-")
-    return text or "source"
+    text = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._-") or "source"
+    if len(text) > MAX_ID:  # cut, with a hash of the whole stem so that cut names stay apart
+        digest = hashlib.sha1(stem.encode()).hexdigest()[:8]
+        text = f"{text[:MAX_ID - 9]}_{digest}"
+    return text
 
 
 def assign_ids(candidates: list[Candidate]) -> tuple[dict[str, str], list[Problem]]:
-    """relpath -> unique safe id; a report entry for every renamed file. Deterministic for a given candidate list."""
+    """relpath -> unique safe id; a report entry for every renamed file. Deterministic for a given candidate list.
+    (A DICOM named by its content at write time does not use its id, nor report its renaming.)"""
     ids, problems, used = {}, [], {}
     for cand in sorted(candidates, key=lambda c: c.relpath):
         want = safe_id(cand.source_id)
@@ -75,13 +93,27 @@ def read_prepare_manifest(out: Path) -> list[dict]:
     return read_jsonl(Path(out) / MANIFEST)
 
 
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of `path`, a regular file by stat before it is opened (opening a FIFO blocks) and by fstat after,
+    in case it was swapped; opened non-blocking so that not even a swapped-in FIFO blocks."""
+    if problem := not_regular(path):
+        raise BadImage(problem)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadImage("not a regular file when opened (replaced after it was listed); skipped")
+        return f.read()
+
+
 def _load(cand: Candidate, opts: ImageOptions) -> Prepared | BadImage:
     try:
-        return prepare_image(cand.path.read_bytes(), opts, cand.path.name)
+        return prepare_image(read_regular_file(cand.path), opts, cand.path.name)
     except BadImage as exc:
         return exc
     except OSError as exc:
-        return BadImage(f"cannot read the file: {exc}")
+        return BadImage(f"cannot read the file: {exc.strerror or exc}")
+    except Exception as exc:  # an unforeseen decoder error on one hostile file must not end the run
+        return BadImage(f"unexpected error decoding it: {type(exc).__name__}: {exc}")
 
 
 def _ordered(cands: list[Candidate], opts: PrepareOptions, dataset: str, label: str) -> list[Candidate]:
@@ -97,9 +129,10 @@ def prepare_source(src: DatasetSource, out: Path, opts: PrepareOptions, done_row
     from tqdm.auto import tqdm
 
     ids, renamed = assign_ids(src.candidates)
-    renamed = {p.path: p for p in renamed}
-    done = {r["original_path"]: r for r in done_rows if (out / r["path"]).is_file()}
-    seen_hash = {r["sha256"]: r["original_path"] for r in done.values()}
+    renamed, taken = {p.path: p for p in renamed}, set(ids.values())
+    # a content-named row whose private line is lost is keyed by its output path: prepared again, then a duplicate
+    done = {r["original_path"] or r["path"]: r for r in done_rows if (out / r["path"]).is_file()}
+    seen_hash = {r["sha256"]: r["original_path"] or r["path"] for r in done.values()}
     have = {}
     for row in done.values():
         have[row["label"]] = have.get(row["label"], 0) + 1
@@ -130,23 +163,24 @@ def prepare_source(src: DatasetSource, out: Path, opts: PrepareOptions, done_row
                 if result.sha256 in seen_hash:
                     entries.append(Problem(cand.relpath, f"duplicate: same content as {seen_hash[result.sha256]}"))
                     continue
-                rel = f"{src.name}/{label}/{ids[cand.relpath]}.jpeg"
-                atomic_write_bytes(out / rel, result.data)
-                row = {"dataset": src.name, "modality": src.modality, "source_id": ids[cand.relpath],
+                private = result.dicom and cand.named_from_file  # its file name may hold the patient's name
+                stem = f"dicom_{result.source_sha256[:16]}" if private else ids[cand.relpath]
+                stem += "_dcm" if private and stem in taken else ""  # a JPEG named so by chance keeps its file
+                rel = f"{src.name}/{label}/{stem}.jpeg"
+                row = {"dataset": src.name, "modality": src.modality, "source_id": stem,
                        "label": label, "labels": list(cand.labels), "view": cand.view, "group": cand.group,
-                       "original_path": cand.relpath, "path": rel, "sha256": result.sha256,
+                       "original_path": None if private else cand.relpath, "path": rel, "sha256": result.sha256,
                        "source_sha256": result.source_sha256, "source_width": result.source_width,
                        "source_height": result.source_height, "width": opts.image.size, "height": opts.image.size,
                        "prep": opts.image.fingerprint(), "notes": result.notes, "extra": cand.extra}
-                manifest.write(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
-                manifest.flush()
+                _write_prepared(out, rel, result.data, row, cand.relpath if private else None, manifest)
                 seen_hash[result.sha256] = cand.relpath
                 done[cand.relpath] = row
                 have[label] = have.get(label, 0) + 1
                 new += 1
                 if result.notes:
                     entries.append(Problem(cand.relpath, "; ".join(result.notes), "converted"))
-                if cand.relpath in renamed:
+                if cand.relpath in renamed and not private:
                     entries.append(renamed[cand.relpath])
     bar.close()
     section = {
@@ -160,8 +194,29 @@ def prepare_source(src: DatasetSource, out: Path, opts: PrepareOptions, done_row
     if opts.per_class is not None:
         section["shortfall"] = {k: opts.per_class - have.get(k, 0) for k in sorted(by_label)
                                 if have.get(k, 0) < opts.per_class}
+    if src.skipped:
+        section["skipped"] = src.skipped
     section["examined"] = sorted(examined)
     return section
+
+
+def _write_prepared(out: Path, rel: str, data: bytes, row: dict, original_path: str | None, manifest) -> None:
+    """The image, then its private line (a content-named input's path; the file exists only when one does), then
+    its manifest line: no line names an image not on disk. A write error is OUT's, not the input file's: it ends
+    the run with one line."""
+    try:
+        atomic_write_bytes(out / rel, data)
+        if original_path is not None:
+            with open(out / PRIVATE, "ab") as private:
+                private.write(_json_line({"path": rel, "original_path": original_path}))
+        manifest.write(_json_line(row))
+        manifest.flush()
+    except OSError as exc:
+        raise PrepareError(f"cannot write {out / rel} or its manifest line: {exc.strerror or exc}") from None
+
+
+def _json_line(obj: dict) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def prepare(kind: str, root: Path, out: Path, adapter_opts: AdapterOptions | None = None,
@@ -175,7 +230,9 @@ def prepare(kind: str, root: Path, out: Path, adapter_opts: AdapterOptions | Non
     _check_options(opts)
     sources = load_dataset_sources(kind, Path(root), adapter_opts or AdapterOptions())
     _check_dicom_support(sources)
-    existing = read_prepare_manifest(out)
+    names = {r.get("path"): r.get("original_path") for r in read_jsonl(out / PRIVATE)}
+    existing = [r if r.get("original_path") else {**r, "original_path": names.get(r.get("path"))}
+                for r in read_prepare_manifest(out)]
     for src in sources:
         made = {json.dumps(r.get("prep"), sort_keys=True) for r in existing if r.get("dataset") == src.name}
         if made - {json.dumps(opts.image.fingerprint(), sort_keys=True)}:

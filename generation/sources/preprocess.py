@@ -4,13 +4,16 @@ The output is a fresh RGB image built from the pixels alone, so EXIF, XMP, ICC p
 headers never reach it (EXIF orientation is applied to the pixels first). Aspect: "pad" (default) scales the image
 to fit and centres it on black; "stretch" scales each axis to SIZE. JPEG quality 95, 4:2:0, baseline, not optimised:
 the same input and options give the same bytes with the same Pillow/libjpeg build. Unusable input raises BadImage
-with the reason the report records; usable but unusual input is converted and the conversion noted.
+with the reason the report records (a hostile file included: an EXIF block that is no TIFF, a PNG text chunk over
+Pillow's PngImagePlugin.MAX_TEXT_CHUNK / MAX_TEXT_MEMORY, a header past --max-pixels); usable but unusual input is
+converted and the conversion noted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +54,12 @@ class Prepared:
     source_width: int
     source_height: int
     notes: list[str] = field(default_factory=list)
+    dicom: bool = False  # decoded as DICOM: its file name may hold the patient's name
+
+
+# what Pillow's plugins raise on hostile bytes besides OSError (PNG text over MAX_TEXT_CHUNK: ValueError; an EXIF
+# block that is no TIFF: SyntaxError; short structures: struct.error, EOFError, IndexError)
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, TypeError, KeyError)
 
 
 # --- one image --------------------------------------------------------------------------------------------------
@@ -59,13 +68,19 @@ def prepare_image(data: bytes, opts: ImageOptions, name: str = "") -> Prepared:
     if not data:
         raise BadImage("empty file")
     notes: list[str] = []
-    if data[128:132] == b"DICM" or name.lower().endswith((".dcm", ".dicom")):
+    dicom = data[128:132] == b"DICM" or name.lower().endswith((".dcm", ".dicom"))
+    if dicom:
         from PIL import Image
 
         pixels = _dicom_pixels(data, opts, notes)
         (h, w), image = pixels.shape[:2], Image.fromarray(pixels)
     else:
-        image, (w, h) = _open_checked(data, opts, notes)
+        try:
+            image, (w, h) = _open_checked(data, opts, notes)
+        except BadImage:  # a ValueError too: its own reason stands
+            raise
+        except DECODE_ERRORS as exc:
+            raise BadImage(f"unreadable image: {type(exc).__name__}: {exc}") from None
     extrema = image.getextrema()
     if all(lo == hi for lo, hi in (extrema if isinstance(extrema[0], tuple) else [extrema])):
         raise BadImage("uniform image: every pixel has the same value")
@@ -73,7 +88,8 @@ def prepare_image(data: bytes, opts: ImageOptions, name: str = "") -> Prepared:
     buf = io.BytesIO()
     out.save(buf, format="JPEG", quality=opts.quality, subsampling="4:2:0", optimize=False, progressive=False)
     encoded = buf.getvalue()
-    return Prepared(encoded, hashlib.sha256(encoded).hexdigest(), hashlib.sha256(data).hexdigest(), w, h, notes)
+    return Prepared(encoded, hashlib.sha256(encoded).hexdigest(), hashlib.sha256(data).hexdigest(), w, h, notes,
+                    dicom)
 
 
 def _open_checked(data: bytes, opts: ImageOptions, notes: list[str]):
@@ -105,7 +121,11 @@ def _open_checked(data: bytes, opts: ImageOptions, notes: list[str]):
         im.load()
     except (OSError, SyntaxError, ValueError) as exc:
         raise BadImage(f"truncated or corrupt image data: {exc}") from None
-    if im.getexif().get(0x0112, 1) in range(2, 9):  # EXIF Orientation other than "as stored"
+    try:
+        orientation = im.getexif().get(0x0112, 1)
+    except DECODE_ERRORS as exc:  # skipped, not guessed: a wrong orientation would mislabel the anatomy
+        raise BadImage(f"unreadable EXIF block, orientation unknown: {type(exc).__name__}: {exc}") from None
+    if orientation in range(2, 9):  # EXIF Orientation other than "as stored"
         im = ImageOps.exif_transpose(im)
         notes.append("EXIF orientation applied to the pixels")
     return _to_l_or_rgb(im, notes), (w, h)

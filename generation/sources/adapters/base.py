@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,9 @@ class Candidate:
     labels: tuple[str, ...] = ()  # every finding on record for this image
     group: str = ""  # patient id when known, for patient-level splits
     extra: dict = field(default_factory=dict)
+    # source_id is the file's stem: a DICOM input is then named from its content instead (its file name may hold
+    # the patient's name); False where the adapter's id comes from the dataset's de-identified table
+    named_from_file: bool = True
 
 
 @dataclass
@@ -55,6 +59,7 @@ class DatasetSource:
     candidates: list[Candidate] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     counts: dict = field(default_factory=dict)  # selection statistics (excluded studies, ...)
+    skipped: str = ""  # why the whole folder was skipped (a link out of the root); no candidates then
 
 
 @dataclass
@@ -88,6 +93,32 @@ def link_problem(root: Path, path: Path, where: str = "the dataset root") -> str
     except ValueError:  # layout.UnsafePath, or `path` not under `root` at all
         return f"{'link points' if path.is_symlink() or '..' not in path.parts else 'path leads'} outside {where}"
     return None
+
+
+def skipped_folder(root: Path, folder: Path, kind: str) -> DatasetSource | None:
+    """A record of the dataset folder `folder` (an entry of `root`) skipped for leading outside `root`, or None
+    when it may be read: the report lists it under its folder name."""
+    if problem := link_problem(root, folder, f"ROOT ({root})"):
+        reason = f"dataset folder skipped: {problem}"
+        return DatasetSource(folder.name, "", kind, folder, problems=[Problem(folder.name, reason)], skipped=reason)
+    return None
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def not_regular(path: Path) -> str | None:
+    """Why `path` (a symlink followed) is no regular file, or None; from stat alone, because opening a FIFO or a
+    device blocks or has effects."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        return f"cannot stat the file: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a plain file")
+    return f"not a regular file but {kind}; skipped without opening it"
 
 
 def dataset_name(name: str, modality: str, tax: Taxonomy) -> str:
@@ -135,8 +166,19 @@ def find_label_file(root: Path, given: Path | None, names: tuple[str, ...], what
         return Path(given)
     for name in names:
         if (root / name).is_file():
+            if problem := link_problem(root, root / name):
+                raise PrepareError(f"{what} {root / name}: {problem}; pass its path if you mean it")
             return root / name
     raise PrepareError(f"missing label file: no {' or '.join(names)} in {root} ({what}); pass its path")
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a file name with bytes that are no UTF-8 (Python keeps them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def add_folder_files(src: DatasetSource, folder: Path, label: str, extra: dict) -> None:
@@ -145,10 +187,14 @@ def add_folder_files(src: DatasetSource, folder: Path, label: str, extra: dict) 
         rel = path.relative_to(src.root).as_posix()
         if path.name.startswith("."):
             continue  # .DS_Store and friends
-        if problem := link_problem(src.root, path):
+        if not _is_utf8(rel):  # its bytes could not be written to the report or the manifest
+            src.problems.append(Problem(ascii(rel)[1:-1], "file name is not UTF-8 text; rename it"))
+        elif problem := link_problem(src.root, path):
             src.problems.append(Problem(rel, problem))
         elif path.is_dir():
             src.problems.append(Problem(rel, "subfolder inside a class folder ignored"))
+        elif problem := not_regular(path):
+            src.problems.append(Problem(rel, problem))
         elif path.suffix.lower() not in PREPARE_INPUT_SUFFIXES:
             src.problems.append(Problem(rel, f"unsupported file type {path.suffix or '(none)'}"))
         else:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ...taxonomy import Taxonomy
 from .base import (NORMAL_NAMES, AdapterOptions, DatasetSource, PrepareError, Problem, add_folder_files,
-                   dataset_name, link_problem, norm)
+                   dataset_name, link_problem, norm, skipped_folder)
 
 
 # --- Brain Tumor MRI (Kaggle) -----------------------------------------------------------------------------------
@@ -20,15 +20,24 @@ def brain_tumor_mri(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[Dat
     src = DatasetSource(dataset_name(opts.name or "Brain_Tumor_MRI", "brain_mri", tax), "brain_mri",
                         "brain-tumor-mri", root)
     wanted = {norm(s) for s in opts.splits}
-    splits = [d for d in sorted(root.iterdir()) if d.is_dir() and norm(d.name) in wanted]
+    splits = []
+    for d in sorted(root.iterdir()):
+        if d.is_dir() and norm(d.name) in wanted:
+            if problem := link_problem(root, d):  # a split folder linked out of the root: none of it is read
+                src.problems.append(Problem(d.name, f"folder skipped: {problem}"))
+            else:
+                splits.append(d)
     if not splits and any(_brain_label(d.name, tax) for d in root.iterdir() if d.is_dir()):
         splits = [root]  # only one split downloaded: class folders directly under the root
-    if not splits:
+    if not splits and not src.problems:
         raise PrepareError(f"{root} is not the Kaggle Brain Tumor MRI layout: expected "
                            f"{'|'.join(opts.splits)}/{{glioma,meningioma,pituitary,notumor}}/*.jpg")
     for split in splits:
         for sub in sorted(d for d in split.iterdir() if d.is_dir()):
             label = _brain_label(sub.name, tax)
+            if problem := link_problem(root, sub):
+                src.problems.append(Problem(sub.relative_to(root).as_posix(), f"folder skipped: {problem}"))
+                continue
             if label is None:
                 src.problems.append(Problem(sub.relative_to(root).as_posix(), "not a brain tumor class folder"))
                 continue
@@ -55,20 +64,28 @@ def folders(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSour
     def is_dataset(folder: Path) -> bool:
         return any(d.is_dir() and (d.name.lower() in NORMAL_NAMES or tax.find(d.name)) for d in folder.iterdir())
 
-    datasets = [root] if is_dataset(root) else [d for d in sorted(root.iterdir()) if d.is_dir() and is_dataset(d)]
-    if not datasets:
+    out, datasets = [], []  # out starts with the dataset folders linked out of ROOT: listed, never looked into
+    if is_dataset(root):
+        datasets = [root]
+    else:
+        for d in sorted(root.iterdir()):
+            if d.is_symlink() and d.is_dir() and (skipped := skipped_folder(root, d, "folders")):
+                out.append(skipped)
+            elif d.is_dir() and is_dataset(d):
+                datasets.append(d)
+    if not datasets and not out:
         raise PrepareError(f"no dataset folders in {root}: expected {root}/<D>/normal/*.jpeg and "
                            f"{root}/<D>/<Disease>/*.jpeg (or {root}/normal/... for one dataset)")
     if opts.name and len(datasets) > 1:
         raise PrepareError(f"--name applies to one dataset folder; {root} holds {len(datasets)}")
-    out = []
     for folder in datasets:
         modality = opts.modality or tax.infer_modality(folder.name) or _modality_from_classes(folder, tax)
         src = DatasetSource(dataset_name(opts.name or folder.name, modality, tax), modality, "folders", folder)
         for sub in sorted(folder.iterdir()):
-            if not sub.is_dir():  # a looping or dangling class folder link is reported, other files ignored
-                if sub.is_symlink() and (problem := link_problem(folder, sub)):
-                    src.problems.append(Problem(sub.name, problem))
+            if problem := link_problem(folder, sub):  # a class folder linked out of it, looping or dangling
+                src.problems.append(Problem(sub.name, problem if not sub.is_dir() else f"folder skipped: {problem}"))
+                continue
+            if not sub.is_dir():  # other files beside the class folders are ignored
                 continue
             label = class_of(sub.name, modality)
             if label is None:

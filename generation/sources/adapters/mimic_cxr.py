@@ -85,7 +85,8 @@ def mimic_cxr(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSo
         path, view = found
         src.candidates.append(Candidate(path, path.relative_to(root).as_posix(), label, f"s{study}", view,
                                         tuple(positives) or ("No Finding",), f"p{subject}",
-                                        {"subject_id": subject, "study_id": study, "dicom_id": path.stem}))
+                                        {"subject_id": subject, "study_id": study, "dicom_id": path.stem},
+                                        named_from_file=False))  # s<study_id>: from the de-identified table
     src.counts = dict(counts, uncertain_policy=opts.uncertain)
     return [src]
 

@@ -39,6 +39,10 @@ def odir(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSource]
                          src.problems)
     flags = {norm(c): c for c in table.columns if norm(c) in set("ndgcahmo")}
     image_root = Path(opts.images) if opts.images else _odir_image_folder(root)
+    if not opts.images and (problem := link_problem(root, image_root)):  # found, not named: it must stay inside
+        src.skipped = f"image folder {image_root.relative_to(root).as_posix()} skipped: {problem}"
+        src.problems.append(Problem(image_root.relative_to(root).as_posix(), src.skipped))
+        return [src]
     index = _image_index(image_root)
     counts, seen = Counter(), set()
     id_column = next((c for c in table.columns if norm(c) == "id"), None)
@@ -90,6 +94,8 @@ def _odir_sheet(root: Path) -> Path:
         what = "no" if not found else f"{len(found)} candidate"
         raise PrepareError(f"missing label file: {what} ODIR annotation spreadsheet(s) (.xlsx/.csv) in {root}; "
                            "pass --labels FILE")
+    if problem := link_problem(root, found[0]):
+        raise PrepareError(f"ODIR spreadsheet {found[0]}: {problem}; pass --labels FILE if you mean it")
     return found[0]
 
 

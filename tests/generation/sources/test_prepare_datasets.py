@@ -11,7 +11,7 @@ from medbanana.generation.sources.adapters import AdapterOptions, PrepareError, 
 from medbanana.generation.sources.prepare import PrepareOptions, prepare, read_prepare_manifest
 from medbanana.generation.sources.preprocess import ImageOptions, prepare_image
 from medbanana.generation.sources.scan import scan_sources
-from prepare_fixtures import brain_tree, mimic_tree, odir_tree, snapshot
+from prepare_fixtures import brain_tree, dicom_bytes, mimic_tree, odir_tree, snapshot
 
 SMALL = PrepareOptions(image=ImageOptions(size=64), quiet=True)
 
@@ -152,30 +152,6 @@ def test_odir_missing_sheet_or_columns_is_fatal(tmp_path, monkeypatch):
 
 
 # --- DICOM -----------------------------------------------------------------------------------------------------
-def dicom_bytes(pixels: np.ndarray, photometric: str, frames: int = 1, **header) -> bytes:
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
-
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = SecondaryCaptureImageStorage, generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
-    ds.PatientName, ds.PatientID = "Doe^Jane", "MRN99887766"
-    ds.Rows, ds.Columns = pixels.shape[-2:]
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, photometric
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 12, 11, 0
-    if frames > 1:
-        ds.NumberOfFrames = frames
-    for key, value in header.items():
-        setattr(ds, key, value)
-    ds.PixelData = pixels.astype(np.uint16).tobytes()
-    buf = io.BytesIO()
-    ds.save_as(buf, enforce_file_format=True)
-    return buf.getvalue()
-
-
 def test_dicom_window_monochrome1_and_no_header(tmp_path):
     pytest.importorskip("pydicom", reason="pydicom is the optional 'dicom' extra")
     pixels = np.full((80, 100), 1500, np.uint16)

@@ -14,11 +14,7 @@ from medbanana.generation.sources.prepare import REPORT, read_prepare_manifest
 from medbanana.generation.records import DEFAULT_MAX_PIXELS
 from medbanana.generation.rundir.store import read_journal
 from conftest import write_jpeg
-from prepare_fixtures import mimic_tree, odir_tree, save, scan
-
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+from prepare_fixtures import mimic_tree, odir_tree, png_chunk, save, scan
 
 
 def black_png(width: int, height: int) -> bytes:
@@ -26,7 +22,7 @@ def black_png(width: int, height: int) -> bytes:
     row, packer = b"\0" * (1 + (width + 7) // 8), zlib.compressobj(9)
     data = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
     ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", data) + _chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", data) + png_chunk(b"IEND", b"")
 
 
 def generate_argv(sources: Path, out: Path, *extra: str) -> list[str]:
@@ -45,7 +41,7 @@ def test_the_issue_png_is_a_source_error_from_its_header_in_little_memory(tmp_pa
     normal.mkdir(parents=True)
     (normal / "huge.png").write_bytes(black_png(13000, 13000))  # the issue's case: 169 Mpx, 10.6 GB when decoded
     # a header claiming 10 Gpx: past Pillow's own hard limit, which raises from Image.open
-    (normal / "claims.png").write_bytes(black_png(100_000, 100_000)[:33] + _chunk(b"IEND", b""))
+    (normal / "claims.png").write_bytes(black_png(100_000, 100_000)[:33] + png_chunk(b"IEND", b""))
     write_jpeg(normal / "fine.jpeg", 1)
     assert (normal / "huge.png").stat().st_size < 200_000
     run_dir = tmp_path / "run"
