@@ -3,6 +3,7 @@ the dataset built from it (no download, no key). It is a command, not a runner: 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..files import atomic_write_json
@@ -13,20 +14,27 @@ from .generate import add_run_options
 
 
 def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: int = 2, seed: int = 0,
-             size: int = 1024, quiet: bool = False, build_dataset: bool = True) -> RunSummary:
+             size: int = 1024, quiet: bool = False, build_dataset: bool = True, max_rounds: int = 5,
+             accept: str = "qualified") -> RunSummary:
     """Synthesise sources for all three modalities (no download, no key), generate with the simulator, and build
-    the Hugging Face dataset folder OUT/dataset (sources attached: they are synthetic, so redistributable)."""
+    the Hugging Face dataset folder OUT/dataset (sources attached: they are synthetic, so redistributable).
+
+    Rerunning on the same OUT resumes; other source options (--normal, --diseased, --size) than the folder was made
+    with are refused (ValueError), since its sources are kept and the run would silently be the old one."""
     from ..backends.simulator.phantoms import write_demo_sources
 
     out = Path(out)
     sources, run_dir = out / "sources", out / "run"
     manifest = sources / layout.SOURCES_MANIFEST
+    demo = {"n_normal": n_normal, "n_diseased": n_diseased, "size": size}
+    _check_same_demo(run_dir, demo)
     if not manifest.exists():  # a rerun resumes on the same sources
         provenance = write_demo_sources(sources, n_normal=n_normal, n_diseased=n_diseased, size=size, seed=seed)
         atomic_write_json(manifest, provenance)
     summary = generate(sources, run_dir, backend="simulator",
-                       options=RunOptions(concurrency=concurrency, seed=seed, quiet=quiet),
-                       extra_config={"demo": {"n_normal": n_normal, "n_diseased": n_diseased, "size": size}})
+                       options=RunOptions(concurrency=concurrency, seed=seed, quiet=quiet, max_rounds=max_rounds,
+                                          accept=accept),
+                       extra_config={"demo": demo})
     run_manifest = run_dir / layout.SOURCES_MANIFEST
     if not run_manifest.exists():
         run_manifest.write_bytes(manifest.read_bytes())
@@ -38,9 +46,24 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
     return summary
 
 
+_DEMO_OPTIONS = {"n_normal": "--normal", "n_diseased": "--diseased", "size": "--size"}
+
+
+def _check_same_demo(run_dir: Path, demo: dict) -> None:
+    config = run_dir / layout.RUN_CONFIG
+    if not config.is_file():
+        return
+    made = json.loads(config.read_text(encoding="utf-8")).get("demo") or {}
+    diffs = [f"{_DEMO_OPTIONS[k]} (was {made[k]}, now {v})" for k, v in demo.items() if k in made and made[k] != v]
+    if diffs:
+        raise ValueError(f"{run_dir.parent} is a demo made with other options: {', '.join(diffs)}; give those "
+                         "options again to resume it, or another --out for a new demo")
+
+
 def cmd_demo(args) -> int:
     summary = run_demo(args.out, n_normal=args.normal, n_diseased=args.diseased, concurrency=args.concurrency,
-                       seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build)
+                       seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build,
+                       max_rounds=args.max_rounds, accept=args.accept)
     print(summary.format())
     print(f"sources (synthetic phantoms and skimage's retina photograph): {Path(args.out) / 'sources'}")
     return 0

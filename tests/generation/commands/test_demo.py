@@ -85,3 +85,25 @@ def test_pipeline_on_real_sample_images(tmp_path):
         for rnd in r["rounds"]:
             assert rnd["verification"]["reason"] and 0.0 <= rnd["verification"]["score"] <= 1.0
             assert (tmp_path / "run" / rnd["image"]).stat().st_size > 10_000  # a real 1024² JPEG, not a stub
+
+
+def test_demo_honours_max_rounds_and_refuses_other_source_options_over_a_demo(tmp_path):
+    """--max-rounds reaches the loop (it used to be parsed and ignored), and rerunning over a demo with another
+    --size is refused with one line instead of returning the old results under the new options."""
+    from medbanana.cli import main
+
+    out = tmp_path / "d"
+    assert main(["demo", "--out", str(out), "--normal", "1", "--diseased", "0", "--size", "128", "--max-rounds", "1",
+                 "--no-build", "-q"]) == 0
+    config = json.loads((out / "run" / layout.RUN_CONFIG).read_text())
+    assert config["max_rounds"] == 1
+    records = [json.loads(line) for line in (out / "run" / layout.JOURNAL).read_text().splitlines()]
+    rounds = [r["record"]["rounds"] for r in records if r["type"] == "task"]
+    assert rounds and max(len(r) for r in rounds) == 1
+    before = (out / "run" / layout.RUN_CONFIG).read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "medbanana", "demo", "--out", str(out), "--normal", "1",
+                           "--diseased", "0", "--size", "256", "--max-rounds", "1", "--no-build", "-q"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--size (was 128, now 256)" in proc.stderr
+    assert (out / "run" / layout.RUN_CONFIG).read_bytes() == before
