@@ -225,7 +225,7 @@ def _run_partitions(specs: list[PartitionSpec], quiet: bool) -> tuple[BuildStats
                 except queue.Empty:
                     dead = [p for i, p in enumerate(procs) if i not in finished and p.exitcode not in (None, 0)]
                     if dead:
-                        raise BuildError(f"a build worker died (exit code {dead[0].exitcode}); out of memory?")
+                        raise BuildError(f"a build worker died (exit code {dead[0].exitcode}); out of memory?") from None
                     continue
                 if kind == "progress":
                     bar.update(rest[0])

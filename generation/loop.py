@@ -14,7 +14,7 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass, fields
-from typing import Awaitable, Callable, ClassVar, Generator, Union
+from typing import Any, Awaitable, Callable, ClassVar, Generator, Union
 
 from .backends import APIError, EditRefused, Editor, InstructionWriter, Judge
 from .records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome, Verdict
@@ -113,7 +113,8 @@ class RoundFinished:
 
 BACKEND_STEPS = (WriteInstruction, EditImage, JudgeEdit)  # in the order of a round
 Step = Union[WriteInstruction, EditImage, JudgeEdit, RoundFinished]
-Refinement = Generator[Step, object, TaskOutcome]
+# what is sent back depends on the step (an Instruction, an EditedImage, a Verdict, None): no one type says it
+Refinement = Generator[Step, Any, TaskOutcome]
 
 
 def refinement(task: Task, source: SourceImage, *, max_rounds: int = 5, accept: Acceptance = accept_qualified,

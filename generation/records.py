@@ -11,6 +11,7 @@ import io
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -308,7 +309,7 @@ class Attempt:
     edit_details: dict = field(default_factory=dict)
 
     def to_round_json(self) -> dict:
-        out = {"round": self.round,
+        out: dict[str, Any] = {"round": self.round,
                "generate_prompt": {"thinking_summary": self.instruction.thinking_summary,
                                    "prompt": self.instruction.text},
                "edit_result": {"success": not self.edit_error},

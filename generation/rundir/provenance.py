@@ -82,13 +82,16 @@ def xmp_text(value) -> str:
     return _NOT_XML_CHAR.sub("\ufffd", str(value))
 
 
+def _xmp_if_text(value):
+    return xmp_text(value) if isinstance(value, str) else value  # JSON keeps non-text values as they are
+
+
 def xmp_packet(run_id: str, models: dict[str, str] | None = None, *, source_type: str = DEFAULT_SOURCE_TYPE,
                extra: dict[str, str] | None = None, note: str | None = None) -> bytes:
     """The XMP packet (UTF-8) that `mark_synthetic` inserts."""
     if source_type not in SOURCE_TYPES:
         raise ValueError(f"unknown DigitalSourceType {source_type!r}; use one of {', '.join(SOURCE_TYPES)}")
-    clean = lambda v: xmp_text(v) if isinstance(v, str) else v  # JSON keeps non-text values as they are
-    models = {clean(k): clean(v) for k, v in (models or {}).items()}
+    models = {_xmp_if_text(k): _xmp_if_text(v) for k, v in (models or {}).items()}
     props = {"RunId": xmp_text(run_id), "Models": json.dumps(models, sort_keys=True, ensure_ascii=False)}
     for name, value in (extra or {}).items():
         if not isinstance(name, str) or not _PROPERTY_NAME.match(name) or name in _RESERVED:

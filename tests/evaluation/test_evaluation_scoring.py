@@ -85,7 +85,8 @@ def scored_folder(tmp_path):
     ])
 
 
-def expected_scores(folder, sample_id, scorer=PixelJudge()):
+def expected_scores(folder, sample_id, scorer=None):
+    scorer = scorer or PixelJudge()
     row = next(json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()
                if json.loads(line)["id"] == sample_id)
     task = Task("eval", "chest_xray", row["disease"], row["direction"], Path(sample_id))

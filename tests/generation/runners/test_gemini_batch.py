@@ -196,7 +196,7 @@ def test_a_killed_batch_run_resumes_polling_instead_of_resubmitting(echo_gemini,
         echo_gemini.batches.hold(first=kill_in_job)
         proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         job = f"batches/fake-{kill_in_job}"
-        _wait_for(lambda: job in _submitted(out) and echo_gemini.batches.polls[job] >= 2, proc)
+        _wait_for(lambda job=job: job in _submitted(out) and echo_gemini.batches.polls[job] >= 2, proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert len(echo_gemini.batches.created()) == kill_in_job  # the restart polled the old jobs, submitted no copy
