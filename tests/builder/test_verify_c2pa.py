@@ -190,6 +190,14 @@ def test_an_image_no_journal_line_names_is_mismatched_and_a_run_without_journal_
     assert main(["verify", "--run", str(run), "--trust", str(keys.ca)]) == 1
     lines = mismatched_lines(capsys.readouterr().out)
     assert lines == [f"{extra.relative_to(run).as_posix()}: no journal line names this image"]
+    extra.unlink()
+    config = json.loads((run / "medbanana-run.json").read_text())
+    (run / "medbanana-run.json").write_text(json.dumps({**config, "run_id": "another-run"}))
+    assert main(["verify", "--run", str(run), "--trust", str(keys.ca)]) == 1  # the images were signed by another run
+    out = capsys.readouterr().out
+    lines = mismatched_lines(out)
+    assert f"0 valid, 0 untrusted, 0 invalid, 0 missing, {len(list(run.rglob('*.jpeg')))} mismatched" in out
+    assert lines and all(f"run_id signed '{config['run_id']}', recorded 'another-run'" in x for x in lines)
     (tmp_path / "elsewhere.jsonl").write_text("")
     (run / "medbanana-journal.jsonl").unlink()
     (run / "medbanana-journal.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
@@ -200,3 +208,23 @@ def test_an_image_no_journal_line_names_is_mismatched_and_a_run_without_journal_
     assert main(["verify", "--run", str(run), "--trust", str(keys.ca)]) == 0  # intact, but nothing to compare with
     out = capsys.readouterr().out
     assert "0 mismatched" in out and "have no record (medbanana-journal.jsonl)" in out
+
+
+def test_a_merged_run_of_shards_signed_under_their_own_run_ids_is_valid(built, tmp_path, capsys):
+    root, keys = built
+    shards = [tmp_path / f"shard{i}" for i in (0, 1)]
+    for i, shard in enumerate(shards):
+        assert signed_run(root / "sources", shard, keys, "--limit", "4", "--shard", f"{i}/2") == 0
+    run_ids = {json.loads((s / "medbanana-run.json").read_text())["run_id"] for s in shards}
+    assert len(run_ids) == 2  # each shard signed its images with its own run id
+    assert main(["merge", "--out", str(tmp_path / "merged"), *map(str, shards)]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--run", str(tmp_path / "merged"), "--trust", str(keys.ca)]) == 0
+    assert "0 invalid, 0 missing, 0 mismatched" in capsys.readouterr().out
+    # a shard's image in another shard's task's place is still mismatched in the merged run
+    accepted = sorted(p for p in (tmp_path / "merged").rglob("*.jpeg") if "-failed" not in p.parent.parent.name)
+    first, second = accepted[0].read_bytes(), accepted[-1].read_bytes()
+    accepted[0].write_bytes(second)
+    accepted[-1].write_bytes(first)
+    assert main(["verify", "--run", str(tmp_path / "merged"), "--trust", str(keys.ca)]) == 1
+    assert len(mismatched_lines(capsys.readouterr().out)) == 2
