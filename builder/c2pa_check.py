@@ -174,7 +174,7 @@ def verify_c2pa(images, *, trust: Path | None = None, workers: int | None = None
     """Check every (where, bytes, expected) of `images`; `expected` is the provenance the record gives (a dict of
     signing.PROVENANCE_FIELDS, None where a field is not recorded), UNRECORDED, or None when there is no record.
     `trust` is a PEM file of trust anchors (e.g. keys init's ca.pem). Images stream through: at most a few batches
-    per worker are held in memory at once."""
+    per worker, and the rows waiting for them, are held in memory at once."""
     require_c2pa()
     trust_pem = Path(trust).read_bytes() if trust is not None else None
     if trust_pem is not None and b"-----BEGIN CERTIFICATE-----" not in trust_pem:
@@ -182,12 +182,25 @@ def verify_c2pa(images, *, trust: Path | None = None, workers: int | None = None
     report = C2paReport(trusting=trust_pem is not None)
     started = time.perf_counter()
     workers = workers or os.cpu_count() or 1
-    rows: list[tuple[str, str, dict | str | None]] = []  # (where, digest, expected) in order
     checked: dict[str, tuple] = {}  # digest -> (status, failure codes, signed provenance)
+    waiting: dict[str, list[tuple[int, str, object]]] = {}  # digest in flight -> its rows (index, where, expected)
+    named: dict[str, list[tuple[int, str]]] = defaultdict(list)  # status -> (index, where) of rows not valid
     pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(trust_pem,)) if workers > 1 else None
     if pool is None:
         _init_worker(trust_pem)
     in_flight: deque = deque()
+
+    def count(index: int, where: str, expected, outcome: tuple) -> None:
+        status, failures, signed = outcome
+        if status in ("valid", "untrusted") and expected is not None:  # intact: is it where its record says?
+            differences = [expected] if expected == UNRECORDED else provenance_differences(signed, expected)
+            if differences:
+                status, where = "mismatched", f"{where}: {'; '.join(differences)}"
+        report.unrecorded += expected is None
+        report.counts[status] += 1
+        if status != "valid":
+            named[status].append((index, where))
+            report.failures.update(code for code in failures if code)
 
     def submit(batch: list[tuple[str, bytes]]) -> None:
         digests, data = [d for d, _ in batch], [b for _, b in batch]
@@ -196,21 +209,26 @@ def verify_c2pa(images, *, trust: Path | None = None, workers: int | None = None
     def drain(keep: int) -> None:
         while len(in_flight) > keep:
             digests, result = in_flight.popleft()
-            checked.update(zip(digests, result.result() if pool else result))
+            for digest, outcome in zip(digests, result.result() if pool else result):
+                checked[digest] = outcome
+                for row in waiting.pop(digest):
+                    count(*row, outcome)
 
     try:
         pending: list[tuple[str, bytes]] = []
-        for where, data, expected in images:
+        for index, (where, data, expected) in enumerate(images):
             digest = hashlib.sha256(data).hexdigest()
-            rows.append((where, digest, expected))
             if digest in checked:
-                continue
-            checked[digest] = ("", (), None)  # placeholder: submitted
-            pending.append((digest, data))
-            if len(pending) == _BATCH:
-                submit(pending)
-                pending = []
-                drain(2 * workers)
+                count(index, where, expected, checked[digest])
+            elif digest in waiting:
+                waiting[digest].append((index, where, expected))
+            else:
+                waiting[digest] = [(index, where, expected)]
+                pending.append((digest, data))
+                if len(pending) == _BATCH:
+                    submit(pending)
+                    pending = []
+                    drain(2 * workers)
         if pending:
             submit(pending)
         drain(0)
@@ -218,16 +236,7 @@ def verify_c2pa(images, *, trust: Path | None = None, workers: int | None = None
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     report.images = len(checked)
-    for where, digest, expected in rows:
-        status, failures, signed = checked[digest]
-        if status in ("valid", "untrusted") and expected is not None:  # intact: is it where its record says?
-            differences = [expected] if expected == UNRECORDED else provenance_differences(signed, expected)
-            if differences:
-                status, where = "mismatched", f"{where}: {'; '.join(differences)}"
-        report.unrecorded += expected is None
-        report.counts[status] += 1
-        if status != "valid":
-            report.rows[status].append(where)
-            report.failures.update(code for code in failures if code)
+    for status, rows in named.items():  # in the order the rows came
+        report.rows[status] = [where for _, where in sorted(rows)]
     report.seconds = time.perf_counter() - started
     return report
