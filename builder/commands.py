@@ -72,8 +72,10 @@ def register(subparsers) -> None:
         description="Recompute the SHA-256 of every file listed in DIR/SHA256SUMS; report missing, changed and "
                     "unlisted files. With --c2pa, also read back the C2PA Content Credentials of every generated "
                     "image in DIR's parquet files (or, with --run, of every image in a run directory) and count "
-                    "them valid / untrusted / invalid / missing, naming the rows (pip install 'medbanana[c2pa]'). "
-                    "Exit code 0 when everything matches, 1 otherwise.")
+                    "them valid / untrusted / invalid / missing, or mismatched when an intact manifest names another "
+                    "task, round or instruction than the row (or the run's journal line) where the image sits, "
+                    "naming the rows (pip install 'medbanana[c2pa]'). Exit code 0 when everything matches, 1 "
+                    "otherwise.")
     verify.add_argument("folder", type=Path, metavar="DIR", nargs="?", help="a folder made by `medbanana build`")
     verify.add_argument("--c2pa", action="store_true",
                         help="check each generated image's C2PA manifest: 'invalid' when a hash or the signature "
@@ -192,6 +194,9 @@ def _verify_c2pa(args) -> bool:
             report = verify_c2pa(images(target), trust=args.trust, workers=args.workers)
         except ImportError as exc:
             print(f"medbanana verify: {exc}", file=sys.stderr)
+            return False
+        except (ValueError, OSError) as exc:  # a journal or run configuration that leads outside, or unreadable
+            print(f"medbanana verify: error: {exc}", file=sys.stderr)
             return False
         print(f"{label} {target}: " + report.describe())
         ok = report.ok and ok

@@ -4,8 +4,9 @@
 `HEX  NAME` (text mode), `HEX *NAME` (binary mode), hex in either case, a leading `\\` for names written with
 `\\\\`, `\\n` and `\\r` escapes, the tagged `SHA256 (NAME) = HEX` form, `#` comment and blank lines, CRLF ends and
 the `md5 -r` style `HEX NAME` when a file uses it throughout. Unlike `sha256sum`, it then requires every name to be
-a relative path inside the folder (`layout.inside`, symlinks resolved) and listed once, and refuses the manifest,
-naming each bad line, before hashing anything.
+a relative path inside the folder (`layout.inside`, symlinks resolved) without a `..` component and listed once,
+and refuses the manifest, naming each bad line, before hashing anything. Files the manifest need not list: itself and
+hidden files (`_listed_files`).
 """
 
 from __future__ import annotations
@@ -172,6 +173,9 @@ def read_manifest(folder: Path) -> dict[str, tuple[str, Path | None]]:
             target = layout.inside(folder, name, named_by=where)
         except layout.UnsafePath as exc:
             errors.append(str(exc))
+            continue
+        if ".." in Path(name).parts:  # `alias/../x` hashes where the link points, but its key would be `x`
+            errors.append(f"{where}: {name!r} has a '..' component; name each file by its path from {folder}")
             continue
         key = Path(os.path.normpath(name)).as_posix()
         if key in entries:

@@ -5,7 +5,9 @@ private key, `RunStore.write_attempt` also embeds a C2PA manifest (c2pa-python, 
 its actions name the IPTC digital source type and the models, a medbanana assertion carries the run id, task uid,
 round, the instruction's SHA-256 and the source image's SHA-256 (the source is named by its hash only, never
 embedded: MIMIC pixels must not travel), and its signature covers the final bytes (XMP mark included), so one
-changed pixel makes the manifest invalid. `check_image` reads a manifest back with `c2pa.Reader`.
+changed pixel makes the manifest invalid. `check_image` reads a manifest back with `c2pa.Reader`, and
+`provenance_differences` compares its medbanana assertion with what a record says the image is: a signed image moved
+to another task's place is intact but `mismatched`.
 
 The private key is read from its file when signing starts and handed to the native signer; it is never put into the
 run configuration (only the certificate's SHA-256 fingerprint is), the journal, a log or an error message.
@@ -26,7 +28,10 @@ from .provenance import IPTC_DST_PREFIX
 
 CERT_ENV, KEY_ENV = "MEDBANANA_C2PA_CERT", "MEDBANANA_C2PA_KEY"
 ASSERTION_LABEL = "org.medbanana.provenance"
-STATUSES = ("valid", "untrusted", "invalid", "missing")
+STATUSES = ("valid", "untrusted", "invalid", "missing", "mismatched")
+# the medbanana assertion's fields a record can confirm (RunStore._manifest writes them; direction and disease follow
+# from the task uid)
+PROVENANCE_FIELDS = ("run_id", "task_uid", "round", "accepted", "instruction_sha256", "source_sha256")
 _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", re.S)
 _PEM_ANY = re.compile(r"-----BEGIN [A-Z ]+-----.*?(-----END [A-Z ]+-----|$)", re.S)
 # reading is all the checker does: no thumbnail on signing, no re-read after signing (the tests read back instead)
@@ -191,6 +196,7 @@ def image_manifest(*, title: str, source_type: str, models: dict, generator: str
 class CheckResult:
     status: str  # one of STATUSES
     failures: tuple[str, ...] = ()  # the validator's failure codes, e.g. assertion.dataHash.mismatch
+    provenance: dict | None = None  # the intact manifest's medbanana assertion (valid and untrusted only)
 
 
 def reading_settings(trust_pem: bytes | str | None) -> dict:
@@ -219,11 +225,36 @@ def check_image(data: bytes, context, trusting: bool) -> CheckResult:
     try:
         state = reader.get_validation_state()
         results = reader.get_validation_results() or {}
+        provenance = _assertion(reader) if state in ("Trusted", "Valid") else None
     finally:
         reader.close()
     failures = tuple(f.get("code", "") for f in (results.get("activeManifest") or {}).get("failure", []))
     if state == "Trusted" or (state == "Valid" and not trusting):
-        return CheckResult("valid", failures if trusting else ())
+        return CheckResult("valid", failures if trusting else (), provenance)
     if state == "Valid":
-        return CheckResult("untrusted", failures)
+        return CheckResult("untrusted", failures, provenance)
     return CheckResult("invalid", failures)
+
+
+def _assertion(reader) -> dict:
+    """The active manifest's medbanana assertion; {} when it has none (signed by someone else's tool)."""
+    try:
+        manifest = reader.get_active_manifest() or {}
+    except KeyError:
+        return {}
+    found = next((a.get("data") for a in manifest.get("assertions") or [] if a.get("label") == ASSERTION_LABEL), None)
+    return found if isinstance(found, dict) else {}
+
+
+def provenance_differences(signed: dict, expected: dict) -> list[str]:
+    """Each field of `expected` (PROVENANCE_FIELDS; None: the record does not say) that the signed assertion
+    contradicts, as `field signed X, recorded Y` (values from data: repr, cut short; hashes to 12 digits)."""
+    if not signed:
+        return [f"no {ASSERTION_LABEL} assertion"]
+
+    def show(name, value):
+        hexdigest = name.endswith("_sha256") and isinstance(value, str) and value.isascii() and value.isalnum()
+        return f"{value[:12]}..." if hexdigest else f"{value!r:.70}"
+
+    return [f"{name} signed {show(name, signed.get(name))}, recorded {show(name, want)}"
+            for name, want in expected.items() if want is not None and signed.get(name) != want]

@@ -189,7 +189,7 @@ def test_verify_refuses_a_manifest_that_is_a_symlink_out(folder):
 
 
 @needs_sha256sum
-@pytest.mark.parametrize("second", ["a.txt", "./a.txt", "sub/../a.txt", "SHA256 (a.txt) = {d}"])
+@pytest.mark.parametrize("second", ["a.txt", "./a.txt", ".//a.txt", "SHA256 (a.txt) = {d}"])
 def test_verify_refuses_duplicate_entries_naming_both_lines(folder, second):
     digest = manifest.sha256_file(folder / "a.txt")
     # a wrong first entry, then a right one: with "last entry wins" the file would pass
