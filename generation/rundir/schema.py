@@ -138,21 +138,23 @@ def attempt_from_round(raw: dict | bytes) -> Attempt:
     """A journalled round (its JSON text, or as `json.loads` made it) back as the Attempt that wrote it."""
     round_ = ROUND.decode(raw if isinstance(raw, bytes) else msgspec.json.encode(raw))
     prompt = round_.generate_prompt or GeneratePrompt()
-    usage = (_decoded(round_.usage) or {}).get("writer") or {}
+    usage = _decoded(round_.usage) or {}
     edit = round_.edit_result or EditResult()
     instruction = Instruction(text=prompt.prompt if prompt.prompt is not None else round_.instruction or "",
-                              thinking_summary=text(prompt.thinking_summary) or "", usage=Usage(**usage))
-    return Attempt(round=int(round_.round), instruction=instruction, verdict=_verdict(round_.verification),
+                              thinking_summary=text(prompt.thinking_summary) or "",
+                              usage=Usage(**(usage.get("writer") or {})))
+    return Attempt(round=int(round_.round), instruction=instruction,
+                   verdict=_verdict(round_.verification, usage.get("judge") or {}),
                    accepted=bool(as_bool(round_.accepted)), edit_error=edit.error or "",
                    image_relpath=round_.image or "", seconds=float(round_.seconds or 0.0),
                    edit_details=_decoded(edit.details) or {})
 
 
-def _verdict(raw: Verification | None) -> Verdict | None:
+def _verdict(raw: Verification | None, usage: dict) -> Verdict | None:
     if raw is None:
         return None
     return Verdict.from_values(verdict_values(raw), thinking_summary=text(raw.thinking_summary) or "",
-                               model=raw.model or "", details=_decoded(raw.details) or {})
+                               model=raw.model or "", details=_decoded(raw.details) or {}, usage=Usage(**usage))
 
 
 def _decoded(raw: msgspec.Raw):
