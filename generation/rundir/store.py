@@ -115,8 +115,8 @@ class RunStore:
                 last_task[uid] = line
                 # A task's record holds all its rounds: an api_failed one resumes after them (`history`), also
                 # where no round line precedes it (a merged run's journal has records only).
-                if record["status"] == "api_failed":
-                    self.partial[uid] = {r["round"]: r for r in record["rounds"]}
+                if record.get("status") == "api_failed":
+                    self.partial[uid] = {r["round"]: r for r in record.get("rounds") or []}
                 else:
                     self.partial.pop(uid, None)
         # A retry killed mid-task left rounds after the api_failed record: any resume continues from them. (After
