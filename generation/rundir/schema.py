@@ -2,10 +2,11 @@
 
 The one parser of a round and a task record, wherever they are read: the builder reads `all_conversations.json`
 (the original scripts' entries and ours, which add fields; see ARCHITECTURE.md, "Records") and the paper's §5.2
-records through it, and a resumed run turns its journal's rounds into `Attempt`s through it (`attempt_from_round`). Booleans and scores are any JSON scalar (`Scalar`)
-because judges have been seen to answer "yes"/"no" or numbers as strings; `records.as_bool` normalises them. An
-object or a list there, or an integer past its parquet column's range, is a malformed entry that msgspec names
-by its `$...` path. `gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic
+records through it, a resumed run turns its journal's rounds into `Attempt`s through it (`attempt_from_round`), and
+`merge` reads each shard's journal `task` lines through it (`TASK_LINE`). Booleans and scores are any JSON scalar
+(`Scalar`) because judges have been seen to answer "yes"/"no" or numbers as strings; `records.as_bool` normalises
+them. An object or a list there, or an integer past its parquet column's range, is a malformed entry that msgspec
+names by its `$...` path. `gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic
 collector's sight halves the read time.
 """
 
@@ -106,6 +107,26 @@ class ApiFailure(msgspec.Struct, gc=False):
     kind: str | None = None  # ours
 
 
+STATUSES = ("success", "failed", "api_failed")  # a task record's `status`
+
+
+class JournalRecord(Conversation, gc=False):
+    """A journal `task` line's record: an `all_conversations.json` value plus what only the journal keeps."""
+
+    key: str | None = None
+    final_image_path: str | None = None
+    api_failure: ApiFailure | None = None
+    error: dict[str, str | None] | None = None  # an api_failed task's step, kind and message
+
+
+class TaskLine(msgspec.Struct, gc=False):
+    """A `task` line of medbanana-journal.jsonl (store.py writes them; merge reads other machines' through it)."""
+
+    type: str
+    uid: str
+    record: JournalRecord
+
+
 class PaperRound(msgspec.Struct, gc=False):
     round: Int32
     instruction: str | None = None
@@ -129,6 +150,7 @@ class PaperRecord(msgspec.Struct, gc=False):
 CONVERSATION = msgspec.json.Decoder(Conversation)  # one entry: files are split into entries by `run_json`
 API_FAILURES = msgspec.json.Decoder(list[ApiFailure])
 PAPER_RECORD = msgspec.json.Decoder(PaperRecord)
+TASK_LINE = msgspec.json.Decoder(TaskLine)
 
 
 ROUND = msgspec.json.Decoder(Round)
@@ -138,21 +160,23 @@ def attempt_from_round(raw: dict | bytes) -> Attempt:
     """A journalled round (its JSON text, or as `json.loads` made it) back as the Attempt that wrote it."""
     round_ = ROUND.decode(raw if isinstance(raw, bytes) else msgspec.json.encode(raw))
     prompt = round_.generate_prompt or GeneratePrompt()
-    usage = (_decoded(round_.usage) or {}).get("writer") or {}
+    usage = _decoded(round_.usage) or {}
     edit = round_.edit_result or EditResult()
     instruction = Instruction(text=prompt.prompt if prompt.prompt is not None else round_.instruction or "",
-                              thinking_summary=text(prompt.thinking_summary) or "", usage=Usage(**usage))
-    return Attempt(round=int(round_.round), instruction=instruction, verdict=_verdict(round_.verification),
+                              thinking_summary=text(prompt.thinking_summary) or "",
+                              usage=Usage(**(usage.get("writer") or {})))
+    return Attempt(round=int(round_.round), instruction=instruction,
+                   verdict=_verdict(round_.verification, usage.get("judge") or {}),
                    accepted=bool(as_bool(round_.accepted)), edit_error=edit.error or "",
                    image_relpath=round_.image or "", seconds=float(round_.seconds or 0.0),
                    edit_details=_decoded(edit.details) or {})
 
 
-def _verdict(raw: Verification | None) -> Verdict | None:
+def _verdict(raw: Verification | None, usage: dict) -> Verdict | None:
     if raw is None:
         return None
     return Verdict.from_values(verdict_values(raw), thinking_summary=text(raw.thinking_summary) or "",
-                               model=raw.model or "", details=_decoded(raw.details) or {})
+                               model=raw.model or "", details=_decoded(raw.details) or {}, usage=Usage(**usage))
 
 
 def _decoded(raw: msgspec.Raw):

@@ -111,8 +111,14 @@ class RunStore:
                 self.partial[uid][entry["round"]["round"]] = entry["round"]
                 last_round[uid] = line
             elif entry["type"] == "task":
-                self.finished[uid] = entry["record"]
+                self.finished[uid] = record = entry["record"]
                 last_task[uid] = line
+                # A task's record holds all its rounds: an api_failed one resumes after them (`history`), also
+                # where no round line precedes it (a merged run's journal has records only).
+                if record.get("status") == "api_failed":
+                    self.partial[uid] = {r["round"]: r for r in record.get("rounds") or []}
+                else:
+                    self.partial.pop(uid, None)
         # A retry killed mid-task left rounds after the api_failed record: any resume continues from them. (After
         # a success or failed record only a second writer could have added rounds; the record stands.)
         self.reopened = {uid for uid, line in last_task.items() if last_round.get(uid, -1) > line

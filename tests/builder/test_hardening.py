@@ -277,6 +277,94 @@ def test_merge_refuses_journal_paths_leading_out_and_writes_nothing(tmp_path, ca
     assert not out.exists()
 
 
+def _task_image(shard: Path, record: dict) -> Path:
+    return shard / record["rounds"][0]["image"]
+
+
+def _replace_image(shard: Path, record: dict, make) -> None:
+    """The file at the record's own image path becomes what `make(path)` leaves there."""
+    path = _task_image(shard, record)
+    path.unlink()
+    make(path)
+
+
+def _set(field: str, value):
+    def change(shard, record, other):
+        record[field] = value
+    return change
+
+
+def _set_image(value: str):
+    def change(shard, record, other):
+        record["rounds"][0]["image"] = record["final_image"] = value(other) if callable(value) else value
+    return change
+
+
+HOSTILE_RECORDS = {  # case -> (how the second record of the shard is spoiled, the field the refusal names)
+    "no key": (lambda shard, record, other: record.pop("key"), "record.key"),
+    "image '.'": (_set_image("."), "record.rounds[0].image"),
+    "image is a folder": (lambda shard, record, other: _replace_image(shard, record, Path.mkdir),
+                          "record.rounds[0].image"),
+    "image is a FIFO": (lambda shard, record, other: _replace_image(shard, record, os.mkfifo),
+                        "record.rounds[0].image"),
+    "another task's image": (_set_image(lambda other: other["rounds"][0]["image"]), "record.rounds[0].image"),
+    "the run's config as image": (_set_image(layout.RUN_CONFIG), "record.rounds[0].image"),
+    "disease 5": (_set("disease", 5), "record.disease"),
+    "round 'x'": (lambda shard, record, other: record["rounds"][0].update(round="x"), "record.rounds[0].round"),
+    "status 'weird'": (_set("status", "weird"), "record.status"),
+    "dataset 'A\\nB'": (_set("dataset", "A\nB"), "record.dataset"),
+    "dataset ''": (_set("dataset", ""), "record.dataset"),
+    "dataset of 300 characters": (_set("dataset", "D" * 300), "record.dataset"),
+    "uid of another task": (_set("uid", "DS/add/n0-Pneumothorax"), "uid"),
+    "accepted round of a failed task": (_set("status", "failed"), "record.rounds[0].accepted"),
+}
+
+
+def snapshot(root: Path) -> dict[str, bytes | str]:
+    """Every path under `root` with its bytes (a folder: "dir", a symlink: where it points)."""
+    found: dict[str, bytes | str] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            found[str(path)] = os.readlink(path) if path.is_symlink() else "dir" if path.is_dir() else \
+                path.read_bytes()
+    return found
+
+
+@pytest.mark.parametrize("existing_out", [False, True], ids=["new --out", "merged --out"])
+@pytest.mark.parametrize("case", list(HOSTILE_RECORDS))
+def test_merge_refuses_a_malformed_shard_record_naming_line_and_field_and_leaves_out_as_it_was(
+        tmp_path, case, existing_out, capsys):
+    spoil, field = HOSTILE_RECORDS[case]
+    shard, out = tmp_path / "shard", tmp_path / "merged"
+    first, hostile = legit(shard, "n0"), legit(shard, "n1")
+    spoil(shard, hostile, first)
+    make_shard(shard, [first, hostile])  # the honest task first: nothing of it may be written either
+    if existing_out:  # --out holds an earlier merge, which must stay as it is
+        assert main(["merge", str(make_shard(tmp_path / "earlier", [legit(tmp_path / "earlier", "e0")])),
+                     "--out", str(out)]) == 0
+    before = snapshot(out) if existing_out else None
+    tree_before = tree(tmp_path)
+    capsys.readouterr()
+    assert main(["merge", str(shard), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"medbanana merge: error: shard {shard}, {layout.JOURNAL} line 2: field '{field}'"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert tree(tmp_path) == tree_before
+    assert (snapshot(out) == before) if existing_out else not out.exists()
+
+
+@pytest.mark.parametrize("make", [Path.mkdir, os.mkfifo], ids=["folder", "FIFO"])
+def test_merge_refuses_a_shard_journal_that_is_not_a_file(tmp_path, make, capsys):
+    shard, out = make_shard(tmp_path / "shard", [legit(tmp_path / "shard", "n0")]), tmp_path / "merged"
+    (shard / layout.JOURNAL).unlink()
+    make(shard / layout.JOURNAL)
+    assert main(["merge", str(shard), "--out", str(out)]) == 2  # a FIFO is never opened: this does not hang
+    err = capsys.readouterr().err
+    assert err == f"medbanana merge: error: shard {shard}: {layout.JOURNAL}: not a regular file\n"
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------- dataset card
 
 EVIL = "<img src=x onerror=alert(1)>"

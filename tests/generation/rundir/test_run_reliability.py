@@ -372,6 +372,38 @@ def test_a_merged_run_of_shards_is_retried_whole(tiny_sources, tmp_path):
     assert known == {line["uid"] for i in range(2) for line in _task_lines(tmp_path / f"shard{i}")}
 
 
+def test_retrying_a_merged_run_continues_each_api_failed_task_after_its_merged_rounds(fake_env, sources, tmp_path,
+                                                                                      capsys):
+    # one task at a time and every second judge call a 500: each task's round 1 is judged (and rejected), its
+    # round 2 fails, so every task of both shards ends api_failed with one round and its image kept
+    fake_env.judge.accept_rate = 0.0
+    fake_env.reset(["500:role=judge,rate=0.5"])
+    shards = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, shard in enumerate(shards):
+        assert _generate("--sources", sources, "--out", shard, "--diseases", "Pneumothorax", "--shard", f"{i}/2",
+                         "--concurrency", "1", "--max-rounds", "3") == 3
+    merged = tmp_path / "merged"
+    assert main(["merge", *map(str, shards), "--out", str(merged)]) == 0
+    before = {e["uid"]: e["record"] for e in _task_lines(merged)}
+    assert len(before) == 5 and {r["status"] for r in before.values()} == {"api_failed"}
+    assert all(len(r["rounds"]) == 1 and r["rounds"][0]["image"] for r in before.values())
+    assert not any(e["type"] == "round" for e in read_journal(merged / layout.JOURNAL))  # merge writes records only
+
+    fake_env.judge.accept_rate = 1.0
+    fake_env.reset()
+    capsys.readouterr()
+    assert _generate("--retry-failed", merged, "--max-rounds", "3") == 0
+    after = _assert_consistent(merged, set(before))  # journal, JSON files and images on disk agree, no orphans
+    for uid, record in after.items():
+        assert record["status"] == "success"
+        assert record["rounds"][0] == before[uid]["rounds"][0]  # round 1 as merged, not written again
+        assert [r["round"] for r in record["rounds"]] == [1, 2] and record["success_round"] == 2
+        first = before[uid]["rounds"][0]["image"]
+        assert [(shard / first).read_bytes() for shard in shards if (shard / first).exists()] == \
+            [(merged / first).read_bytes()]  # the shard's image of round 1, kept
+    assert fake_env.count("writer") == len(before)  # one new round per task: round 2
+
+
 def test_an_interrupted_merge_goes_on_and_another_record_of_a_merged_task_is_a_conflict(tiny_sources, tmp_path,
                                                                                         capsys):
     for i in range(2):
