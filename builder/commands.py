@@ -163,6 +163,10 @@ def run_verify(args) -> int:
     if args.folder is None and args.run is None:
         print("medbanana verify: error: give a dataset folder DIR, or --run RUN_DIR", file=sys.stderr)
         return 2
+    if args.c2pa or args.trust or args.run:  # a missing extra is said before any file is hashed (cli: one line)
+        from ..generation.rundir.signing import require_c2pa
+
+        require_c2pa()
     ok = True
     if args.folder is not None:
         try:
@@ -192,9 +196,6 @@ def _verify_c2pa(args) -> bool:
             return False
         try:
             report = verify_c2pa(images(target), trust=args.trust, workers=args.workers)
-        except ImportError as exc:
-            print(f"medbanana verify: {exc}", file=sys.stderr)
-            return False
         except (ValueError, OSError) as exc:  # a journal or run configuration that leads outside, or unreadable
             print(f"medbanana verify: error: {exc}", file=sys.stderr)
             return False
