@@ -3,6 +3,10 @@
 Every file the generator, `prepare` and the request caches write goes through `atomic_write_bytes`: the bytes go to
 a temp file beside the target (`.NAME.tmpPID.N`: not an image suffix, so no reader mistakes it for output) and are
 renamed over it, so a reader sees the old file or the new one, never a mix.
+
+No write follows a symbolic link (a folder from another machine may hold one where medbanana writes): the temp file
+is created with O_CREAT|O_EXCL|O_NOFOLLOW, so a link planted at its name is refused, and the rename replaces a link
+at the target by the file instead of writing where it points. `create_new` is for a file that must not exist yet.
 """
 
 from __future__ import annotations
@@ -17,12 +21,23 @@ TEMP_NAME = re.compile(r"^\..+\.tmp\d+(\.\d+)?$")  # what atomic_write_bytes lea
 _serial = itertools.count()  # two writes of one path in one process (threads) never share a temp file
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def create_new(path: Path, mode: int = 0o666, flags: int = 0) -> int:
+    """A write-only descriptor (plus `flags`, e.g. os.O_APPEND) of a file created here, with `mode` (less the
+    umask) from the start; FileExistsError when anything is at `path`, a symbolic link included (dangling or not:
+    it is not followed)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | flags, mode)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o666) -> None:
+    """Write `data` to `path` by a temp file renamed over it (a symbolic link at `path` is replaced, not followed);
+    `mode` (less the umask) is the file's from its creation, e.g. 0o600 for a private key."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{next(_serial)}")
+    fd = create_new(tmp, mode)  # FileExistsError for anything at that name: not ours to write or remove
     try:
-        tmp.write_bytes(data)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

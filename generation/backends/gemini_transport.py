@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from .gemini_wire import DirectPost, InlineData, encode, part_for_key, rest_contents
 from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
     parse_retry_after
-from ..secrets import hold, holds_secret, scrub, scrub_model
+from ..secrets import hold, holds_secret, scrub, scrub_model, url_credentials
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
@@ -226,7 +226,7 @@ class GeminiTransport(Transport):
 
     def __init__(self, *, api_key: str | None = None, base_url: str | None = None, **options):
         self._secret = resolve_api_key(api_key)
-        hold(self._secret)  # an `api_key=` option is not in the environment: scrub must know it all the same
+        hold(self._secret, *url_credentials(base_url))  # options are not in the environment: scrub must know them
         super().__init__(secrets=(self._secret,), **options)
         # The client's own timeout is a backstop; the per-call timeout bounds the whole call.
         http_options = types.HttpOptions(timeout=int((self.timeout + 5) * 1000))

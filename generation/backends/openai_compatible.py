@@ -23,7 +23,7 @@ from .base import APIError, InstructionWriter, Judge
 from ..prompts import (WRITER_PROMPTS, JudgeAnswer, clean_instruction, judge_prompt, load_prompt,
                        parse_verdict_tolerant, verdict_from_answer, writer_prompt)
 from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Usage, Verdict
-from ..secrets import hold, scrub_model
+from ..secrets import hold, scrub_model, url_credentials
 from .http import CallFailure, ResponseCache, Transport, ask_until_usable, classify_common, drive, \
     failure_for_status, parse_retry_after
 
@@ -63,6 +63,7 @@ class OpenAITransport(Transport):
         hold(self._secret if self._secret != NO_KEY else None)  # an `api_key=` option too must be scrubbed
         super().__init__(**options)
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        hold(*url_credentials(self.base_url))  # a password in it is sent (Basic auth) and may be echoed
         self._client = openai.AsyncOpenAI(api_key=self._secret, base_url=self.base_url, timeout=self.timeout + 5,
                                           max_retries=0)
         self._completion_type = openai.types.chat.ChatCompletion

@@ -8,7 +8,8 @@ Forgetting a key appends a record of length -1. When a process opens the cache i
 (seeking past the bodies); the newest record of a key wins, so a forget in one process outranks an older answer in
 another. A record torn by a kill (the last of its log) is ignored: its process is gone, so nothing is appended to
 that log again. Answers that other processes write after the index is read are not seen: processes of one run
-work on different tasks.
+work on different tasks. A log is created new (O_EXCL|O_NOFOLLOW): a symbolic link at its name is refused, never
+followed; the folder itself may be a link (a cache placed on another disk).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..files import create_new
 
 LOG_GLOB = "answers-*.log"
 
@@ -108,7 +111,8 @@ class ResponseCache:
             if self._fd is None:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._log = self.directory / f"answers-{stamp}-{os.getpid()}.log"
-                self._fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                # a new file: anything already at the name (a link to a file elsewhere) is refused, not followed
+                self._fd = create_new(self._log, 0o644, os.O_APPEND)
             offset = os.fstat(self._fd).st_size + len(header)
             os.write(self._fd, header + (body or b"") + b"\n")  # one write: a kill leaves at most one torn record
             index[key] = _Entry(self._log, offset, -1 if body is None else len(body), stamp)

@@ -5,7 +5,10 @@ run never leaves a stale lock to clean up; the file itself stays and only says w
 process is refused at once (no waiting) with the holder's pid, host, start time and command, which the holder
 writes into the file. Readers may take the lock shared: they are refused while a writer holds it, and a writer is
 refused while they read (readers only lock a folder that has the file: they create nothing). `flock` also covers
-NFS on Linux (emulated with byte-range locks there).
+NFS on Linux (emulated with byte-range locks there). A writer never opens the lock file through a symbolic link
+(O_NOFOLLOW: a folder from elsewhere may hold a link to a file outside it, which the holder's line would overwrite):
+a link there is refused with one line, and left as it is. The command line recorded is scrubbed (secrets.py: keys,
+a URL's `user:password@`), and so is the holder's when it is quoted.
 
     with hold_lock(run_dir, "run directory"):   # LockHeld (exit code 75) when another process holds it
         ...
@@ -25,6 +28,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..secrets import scrub
+
 LOCK_NAME = "medbanana.lock"
 EXIT_LOCKED = 75  # sysexits' EX_TEMPFAIL: nothing is wrong with the command, try again when the other one ends
 
@@ -38,9 +43,7 @@ def _command() -> str:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if Path(argv[0]).name == "medbanana" or (spec and spec.name.partition(".")[0] == "medbanana"):
         argv[0] = "medbanana"  # the script or `python -m medbanana`, not the path to either
-    from ..secrets import scrub  # options may carry an endpoint's URL with a token in it
-
-    return scrub(shlex.join(argv))[:500]
+    return scrub(shlex.join(argv))[:500]  # options may carry an endpoint's URL with a password or token in it
 
 
 def _alive(pid: int) -> bool:
@@ -66,7 +69,8 @@ def _holder(fd: int) -> str:
         return "another medbanana process reading it"
     since = info.get("since")
     since = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    return f"pid {info['pid']} on host {info.get('host', '?')} since {since} ({info.get('command', '?')})"
+    # scrubbed: a file written elsewhere (or by an older version) may hold a secret in its command
+    return scrub(f"pid {info['pid']} on host {info.get('host', '?')} since {since} ({info.get('command', '?')})")
 
 
 class DirLock:
@@ -102,7 +106,7 @@ class DirLock:
                 return
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated before the lock is ours
+            fd = self._open_for_writing()
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
@@ -120,6 +124,18 @@ class DirLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
         self._fd = fd
+
+    def _open_for_writing(self) -> int:
+        """The lock file, created if need be (never truncated before the lock is ours); a symbolic link at its
+        name is refused (RuntimeError), not followed."""
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+        raise RuntimeError(f"{self.path} is a symbolic link: medbanana writes no lock file through a link (it may "
+                           f"point outside {self.folder.parent if self.beside else self.folder}); remove it and "
+                           f"run again")
 
     def _open_for_reading(self) -> int | None:
         """The lock file, read-only; None when there is none: no writer ever locked the folder, and a reader

@@ -5,6 +5,9 @@ digitalSignature, an extended key usage they accept (emailProtection here, which
 subject and authority key identifiers, and an issuer that is a CA (basic constraints CA:true). The CA's private key
 is used once, to issue the signing certificate, and not written: nobody can issue another certificate under this CA,
 and the only secret on disk is the signing key (mode 0600).
+
+No file is written through a symbolic link: a link at one of the three names (dangling or not) counts as an existing
+file and is refused; with `force` it is replaced by the file (files.atomic_write_bytes), its target left untouched.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import atomic_write_bytes
 from .signing import certificate_fingerprint
 
 CA_CERT, CHAIN, KEY = "ca.pem", "signer-chain.pem", "signer.key"
@@ -46,9 +50,10 @@ def init_keys(folder: Path, *, name: str = "medbanana signer", organisation: str
 
     folder = Path(folder)
     paths = [folder / n for n in (CA_CERT, CHAIN, KEY)]
-    if not force and any(p.exists() for p in paths):
-        raise FileExistsError(f"{folder} already holds {', '.join(p.name for p in paths if p.exists())}; "
-                              f"use another folder or --force to replace them")
+    present = [p.name + (" (a symbolic link)" if p.is_symlink() else "") for p in paths if os.path.lexists(p)]
+    if present and not force:
+        raise FileExistsError(f"{folder} already holds {', '.join(present)}; use another folder or --force to "
+                              f"replace them")
     if days < 1:
         raise ValueError("--days must be at least 1")
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -82,14 +87,11 @@ def init_keys(folder: Path, *, name: str = "medbanana signer", organisation: str
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     pem = lambda cert: cert.public_bytes(serialization.Encoding.PEM)  # noqa: E731
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CA_CERT).write_bytes(pem(ca))
-    (folder / CHAIN).write_bytes(pem(leaf) + pem(ca))
+    # each written to a new file renamed into place: a link at the name is replaced, never written through, and
+    # the key is created 0600 from the start, never readable by others, not even for a moment
+    atomic_write_bytes(folder / CA_CERT, pem(ca))
+    atomic_write_bytes(folder / CHAIN, pem(leaf) + pem(ca))
     key_path = folder / KEY
-    key_path.unlink(missing_ok=True)
-    # created 0600 from the start: the key is never readable by others, not even for a moment
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                   serialization.NoEncryption()))
+    atomic_write_bytes(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()), mode=0o600)
     return KeyFiles(folder / CA_CERT, folder / CHAIN, key_path, certificate_fingerprint(pem(leaf)))

@@ -1,11 +1,14 @@
 """No secret is written to disk or printed, even by an endpoint that echoes the request's headers.
 
-A local echo server answers every call with the request's headers (the key with them) in its text, thoughts,
-verdict reason, refusal text, an unknown JSON field and an HTTP 401 error body. A real `medbanana generate` runs
-against it with a unique fake key (Gemini, then the OpenAI-compatible backend), the run is built into a dataset,
-and every file under the run (request cache included), every file of the dataset (raw bytes and the decoded parquet)
-and everything printed is searched for the key. `medbanana upload` is run against a Hub stub that echoes the
-Authorization header in 401/403/500 bodies, and against a closed port.
+A local echo server answers every call with the request's headers (the key with them), as they are and encoded
+(base64 and URL-safe base64 with the key at each of the three byte offsets, hex in both cases, percent-encoded), in
+its text, thoughts, verdict reason, refusal text, an unknown JSON field and an HTTP 401 or 500 error body. A real
+`medbanana generate` runs against it with a unique fake key (Gemini, then the OpenAI-compatible backend), the run is
+built into a dataset, and every file under the run (request cache included), every file of the dataset (raw bytes
+and the decoded parquet) and everything printed is searched for the key by decoding every base64, hex and
+percent-encoded run it holds. `medbanana upload` is run against a Hub stub that echoes the Authorization header in
+401/403/500 bodies, and against a closed port. A password in a base URL (`--openai-base-url`, `HF_ENDPOINT`) is in
+no file, lock or printed line.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ import base64
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 import uuid
+from urllib.parse import quote, unquote, unquote_plus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -58,6 +64,27 @@ def test_scrub_keeps_json_valid_images_untouched_and_clean_text_identical(monkey
     assert scrub(text) is text
 
 
+def test_scrub_removes_every_encoding_of_a_held_value(monkeypatch):
+    key = f"AIza-unit/SECRET+{uuid.uuid4()}="  # characters percent-encoding changes, and a base64 alphabet's own
+    monkeypatch.setenv("GEMINI_API_KEY", key)
+    text = f"key {key} " + encoded(f"x-goog-api-key: {key}") + " " + encoded(f"{{'Authorization': 'Bearer {key}'}}")
+    assert {"as it is", "percent-encoded", "hex", "base64"} == set(leaks(key, text))  # the detector sees them all
+    clean = scrub(text)
+    assert leaks(key, clean) == [] and clean.count(MARK) == 1 + 2 * 10  # each form once
+    assert scrub(clean) == clean and secrets.holds_secret(text) and not secrets.holds_secret(clean)
+
+
+def test_scrub_removes_a_urls_user_info_and_a_held_urls_password(monkeypatch):
+    password = f"pa55:{uuid.uuid4().hex[:12]}/x"
+    url = f"http://medbanana:{quote(password, safe='')}@127.0.0.1:8000/v1"
+    assert scrub(f"cannot reach {url}; retry") == "cannot reach http://[redacted]@127.0.0.1:8000/v1; retry"
+    assert scrub(json.dumps({"u": "https://tok@hf.example/x"})) == json.dumps({"u": "https://[redacted]@hf.example/x"})
+    monkeypatch.setenv("HF_ENDPOINT", url)  # its password is a secret wherever it shows, encoded or not
+    basic = base64.b64encode(f"medbanana:{password}".encode()).decode()
+    clean = scrub(f"password {password}, Basic auth header echoed as {basic}, {encoded(password)}")
+    assert leaks(password, clean) == [] and basic not in clean
+
+
 # ---------------------------------------------------------------- the echo server
 
 class Echo(JSONHandler):
@@ -72,14 +99,16 @@ class Echo(JSONHandler):
         state = self.server.state
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         headers = self.headers  # the credentials first: refusal messages quote only the start of an answer
-        echo = (f"x-goog-api-key: {headers['x-goog-api-key']} Authorization: {headers['Authorization']} request "
-                f"headers: {dict(headers)} raw: {str(headers)!r} path: {self.path}")
+        credentials = f"x-goog-api-key: {headers['x-goog-api-key']} Authorization: {headers['Authorization']}"
+        echo = f"{credentials} {encoded(credentials)} request headers: {dict(headers)} raw: {str(headers)!r} " \
+               f"path: {self.path}"
         openai = self.path.endswith("/chat/completions")
         role = _openai_role(body) if openai else _gemini_role(body)
         n = state["calls"][role] = state["calls"].get(role, -1) + 1
-        if role == "writer" and n == state["fail_writer"]:
-            return self._json({"error": {"code": 401, "message": f"bad key; {echo}", "status": "UNAUTHENTICATED"}},
-                              401)
+        if role == "writer" and n == state["fail_writer"]:  # 401, or 500 with every header encoded first
+            status, text = state["fail_status"], f"{encoded(str(headers))} {echo}"
+            return self._json({"error": {"code": status, "message": f"bad key; {text}", "status": "UNAUTHENTICATED"
+                                         if status == 401 else "INTERNAL"}}, status)
         if role == "editor":
             return self._gemini(*_edit(body, echo), echo)
         if role == "writer":
@@ -100,6 +129,37 @@ class Echo(JSONHandler):
         self._json({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish,
                                     "index": 0}], "usageMetadata": {"promptTokenCount": 1}, "modelVersion": echo})
 
+
+
+def encoded(text: str) -> str:
+    """`text` in each encoding an echo may use: base64 (standard and URL-safe) after 0, 1 and 2 bytes of something
+    else (so that every secret in it lies at each byte offset of a base64 stream), hex (lower, upper),
+    percent-encoded (`quote`, every byte as %XX)."""
+    data = text.encode()
+    forms = []
+    for pad in range(3):
+        forms += [base64.b64encode(b"#" * pad + data).decode(), base64.urlsafe_b64encode(b"#" * pad + data).decode()]
+    forms += [data.hex(), data.hex().upper(), quote(text, safe=""), "".join(f"%{b:02X}" for b in data)]
+    return " ".join(forms)
+
+
+def leaks(secret: str, text: str) -> list[str]:
+    """The encodings in which `text` still holds `secret`, found by decoding (not by encoding the secret the way
+    the scrubber does): the text, its percent-decoding, every hex run at both nibble offsets, every base64 run
+    (either alphabet) at each of its four character offsets."""
+    data, found = secret.encode(), []
+    if secret in text:
+        found.append("as it is")
+    if secret in unquote(text) or secret in unquote_plus(text):
+        found.append("percent-encoded")
+    for run in re.findall(r"[0-9A-Fa-f]{16,}", text):
+        if any(data in bytes.fromhex(run[i:][:(len(run) - i) // 2 * 2]) for i in (0, 1)):
+            found.append("hex")
+    for run in re.findall(r"[A-Za-z0-9+/_-]{12,}", text):
+        run = run.replace("-", "+").replace("_", "/")
+        if any(data in base64.b64decode(run[i:][:(len(run) - i) // 4 * 4]) for i in range(4)):
+            found.append("base64")
+    return found
 
 
 def _edit(body: dict, echo: str) -> tuple[list[dict], str]:
@@ -128,7 +188,7 @@ def _openai_role(body: dict) -> str:
 @pytest.fixture
 def echo():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    server.state = {"calls": {}, "fail_writer": -1}
+    server.state = {"calls": {}, "fail_writer": -1, "fail_status": 401}
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -163,18 +223,26 @@ def _parquet_text(dataset: Path) -> str:
 
 
 def _assert_nowhere(secret: str, printed: str, *folders: Path) -> None:
-    assert secret not in printed
+    """Not in what was printed, nor in any file under `folders` (read as bytes, each byte a character), nor in a
+    decoded parquet row: neither as it is nor encoded."""
+    assert leaks(secret, printed) == []
     files = [p for folder in folders for p in folder.rglob("*") if p.is_file()]
     assert len(files) > 10
-    assert [p for p in files if secret.encode() in p.read_bytes()] == []
+    assert {p: found for p in files if (found := leaks(secret, p.read_bytes().decode("latin-1")))} == {}
+    for dataset in folders:
+        if any(dataset.rglob("*.parquet")):
+            assert leaks(secret, _parquet_text(dataset)) == []
 
 
-def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sources, tmp_path, monkeypatch, capfd):
-    key = f"AIza-test-SECRET-{uuid.uuid4()}"
+@pytest.mark.parametrize("status", [401, 500])
+def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sources, tmp_path, monkeypatch, capfd,
+                                                                      status):
+    key = f"AIza-test/SECRET+{uuid.uuid4()}="  # characters that percent-encoding changes
     monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
     monkeypatch.setenv("GEMINI_API_KEY", key)
     monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", f"http://127.0.0.1:{echo.server_port}")
     echo.state["fail_writer"] = 6  # the third task's first call: its two predecessors took three writer calls each
+    echo.state["fail_status"] = status
     run_dir, dataset = tmp_path / "run", tmp_path / "dataset"
     printed, records = _generate_and_build(["--sources", str(sources), "--backend", "gemini", "--max-rounds", "3"],
                                            run_dir, dataset, capfd)
@@ -183,7 +251,8 @@ def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
     assert rounds[0]["edit_result"]["error"].startswith("safety: ") and MARK in rounds[0]["edit_result"]["error"]
     assert rounds[1]["edit_result"]["error"].startswith("text_only: ") and MARK in rounds[1]["edit_result"]["error"]
     assert MARK in rounds[2]["verification"]["reason"] and MARK in rounds[2]["generate_prompt"]["thinking_summary"]
-    assert records["n2.jpeg"]["error"]["kind"] == "unauthenticated" and MARK in records["n2.jpeg"]["error"]["message"]
+    assert records["n2.jpeg"]["error"]["kind"] == {401: "unauthenticated", 500: "server_error"}[status]
+    assert MARK in records["n2.jpeg"]["error"]["message"]
     cached = list(ResponseCache(run_dir / "medbanana-cache" / "gemini").answers().values())
     assert cached and all(MARK in text for text in cached)  # each answer echoed the headers: each was scrubbed
     parquet = _parquet_text(dataset)
@@ -191,10 +260,13 @@ def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
     _assert_nowhere(key, printed, run_dir, dataset)
 
 
-def test_openai_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sources, tmp_path, monkeypatch, capfd):
-    key = f"sk-test-SECRET-{uuid.uuid4()}"
+@pytest.mark.parametrize("status", [401, 500])
+def test_openai_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sources, tmp_path, monkeypatch, capfd,
+                                                                      status):
+    key = f"sk-test/SECRET+{uuid.uuid4()}="
     monkeypatch.setenv("OPENAI_API_KEY", key)
     echo.state["fail_writer"] = 4  # the third task: the first succeeds in round 2, the second fails after 2 rounds
+    echo.state["fail_status"] = status
     run_dir, dataset = tmp_path / "run", tmp_path / "dataset"
     argv = ["--sources", str(sources), "--backend", "simulator", "--writer", "openai", "--judge", "openai",
             "--openai-base-url", f"http://127.0.0.1:{echo.server_port}/v1", "--openai-model", "echo",
@@ -317,3 +389,40 @@ def test_an_unexpected_error_prints_its_traceback_scrubbed(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "KeyError" in err
     assert key not in err and "[redacted]" in err
+
+
+# ---------------------------------------------------------------- a password in a base URL
+
+def _closed_port() -> int:
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens on it
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_password_in_the_openai_base_url_is_in_no_file_lock_or_printed_line(sources, tmp_path):
+    """A real `medbanana generate` process (the lock records its command line) against a closed port."""
+    password = f"pw-SECRET-{uuid.uuid4().hex}"
+    url = f"http://medbanana:{password}@127.0.0.1:{_closed_port()}/v1"
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out",
+                           str(run_dir), "--diseases", "Pneumothorax", "--directions", "add", "--backend", "simulator",
+                           "--writer", "openai", "--openai-base-url", url, "--openai-model", "echo",
+                           "--max-attempts", "1", "--timeout", "5", "--limit", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr  # the one task api_failed: nothing listens there
+    lock = json.loads((run_dir / "medbanana.lock").read_text())  # the last holder's line stays after the run
+    assert "--openai-base-url http://[redacted]@127.0.0.1:" in lock["command"]
+    [record] = [r for _, _, folder in layout.find_output_dirs(run_dir)
+                for r in json.loads((folder / layout.ALL_CONVERSATIONS).read_text()).values()]
+    assert record["status"] == "api_failed" and record["error"]["message"]
+    assert leaks(password, done.stdout + done.stderr) == []
+    assert {p: f for p in run_dir.rglob("*") if p.is_file() and (f := leaks(password, p.read_text("latin-1")))} == {}
+
+
+def test_a_password_in_hf_endpoint_is_not_printed(dataset, monkeypatch, capsys):
+    password = f"pw-SECRET-{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_ENDPOINT", f"http://medbanana:{password}@127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_TOKEN", f"hf_test_SECRET_{uuid.uuid4().hex}")
+    code, out, err = _upload(dataset, capsys)
+    assert code == 1 and "could not reach http://[redacted]@127.0.0.1:" in err
+    assert leaks(password, out + err) == []

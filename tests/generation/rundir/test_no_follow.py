@@ -1,0 +1,155 @@
+"""No file medbanana creates or replaces in a folder is written through a symbolic link planted there.
+
+Each test plants links (dangling, and to an existing file) outside the folder the user named, runs the real CLI
+(`keys init`, `generate`, `build`) and checks that nothing outside was created or changed: keys refuse a link at
+their names (or, with --force, replace the link), a lock file that is a link is refused with one line, the run's
+JSON files (temp file + rename) replace a link, and a cache log is never opened through a link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from conftest import write_jpeg
+from medbanana.cli import main
+from medbanana.generation.backends.response_cache import ResponseCache
+from medbanana.generation.files import atomic_write_bytes, create_new
+from medbanana.generation.rundir import layout
+from medbanana.generation.rundir.lock import LOCK_NAME
+
+pytest.importorskip("cryptography")
+OUTSIDE = b"the user's own file, outside the folder\n"
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    """A folder outside every folder a command is given: an existing file, and the name of a missing one."""
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    (folder / "existing.txt").write_bytes(OUTSIDE)
+    return folder
+
+
+def _assert_untouched(outside: Path) -> None:
+    assert sorted(p.name for p in outside.iterdir()) == ["existing.txt"]  # nothing created there
+    assert (outside / "existing.txt").read_bytes() == OUTSIDE
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# ---------------------------------------------------------------- keys init
+
+@pytest.mark.parametrize("name", ["ca.pem", "signer-chain.pem", "signer.key"])
+@pytest.mark.parametrize("target", ["missing.pem", "existing.txt"])
+def test_keys_init_refuses_a_link_at_a_key_name_and_force_replaces_it(tmp_path, outside, capsys, name, target):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / name).symlink_to(outside / target)  # dangling for missing.pem
+    assert main(["keys", "init", str(keys)]) == 2
+    err = _one_line(capsys)
+    assert f"{name} (a symbolic link)" in err and "--force" in err
+    assert sorted(p.name for p in keys.iterdir()) == [name]  # nothing else written either
+    _assert_untouched(outside)
+
+    assert main(["keys", "init", str(keys), "--force"]) == 0
+    _assert_untouched(outside)
+    for written in ("ca.pem", "signer-chain.pem", "signer.key"):
+        path = keys / written
+        assert not path.is_symlink() and path.is_file() and path.read_bytes().startswith(b"-----BEGIN")
+    assert stat.S_IMODE((keys / "signer.key").stat().st_mode) == 0o600
+
+
+def test_keys_init_into_a_folder_of_links_writes_only_inside(tmp_path, outside, capsys):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("ca.pem", "signer-chain.pem"):
+        (keys / name).symlink_to(outside / "existing.txt")
+    (keys / "signer.key").symlink_to(outside / "stolen.key")
+    assert main(["keys", "init", str(keys), "--force"]) == 0
+    _assert_untouched(outside)
+    assert not any(p.is_symlink() for p in keys.iterdir()) and len(list(keys.iterdir())) == 3
+
+
+# ---------------------------------------------------------------- locks
+
+@pytest.fixture
+def sources(tmp_path) -> Path:
+    write_jpeg(tmp_path / "sources" / "MIMIC_links" / "normal" / "n0.jpeg", 1, size=64)
+    return tmp_path / "sources"
+
+
+def _generate(sources: Path, out: Path) -> int:
+    return main(["generate", "--sources", str(sources), "--out", str(out), "--backend", "simulator",
+                 "--diseases", "Pneumothorax", "--directions", "add", "--max-rounds", "2", "-q"])
+
+
+@pytest.mark.parametrize("target", ["missing.lock", "existing.txt"])
+def test_a_lock_file_that_is_a_link_is_refused_in_one_line(tmp_path, outside, sources, capsys, target):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).symlink_to(outside / target)
+    assert _generate(sources, run) == 2
+    err = _one_line(capsys)
+    assert "is a symbolic link" in err and LOCK_NAME in err
+    _assert_untouched(outside)
+    assert (run / LOCK_NAME).is_symlink()  # left as it was: the user decides
+
+
+def test_build_refuses_a_link_at_the_lock_beside_its_output(tmp_path, outside, sources, capsys):
+    run = tmp_path / "run"
+    assert _generate(sources, run) == 0
+    dataset = tmp_path / "dataset"
+    (tmp_path / f".dataset.{LOCK_NAME}").symlink_to(outside / "existing.txt")
+    assert main(["build", str(run), "--out", str(dataset), "-q"]) == 2
+    assert "is a symbolic link" in _one_line(capsys)
+    _assert_untouched(outside)
+    assert not dataset.exists()
+
+
+# ---------------------------------------------------------------- the run's files and the caches
+
+def test_a_resumed_run_replaces_links_at_its_json_files_instead_of_writing_through_them(tmp_path, outside, sources):
+    run = tmp_path / "run"
+    assert _generate(sources, run) == 0
+    folder = next(folder for _, _, folder in layout.find_output_dirs(run))
+    planted = [run / layout.STATS, folder / layout.PROGRESS, folder / layout.ALL_CONVERSATIONS]
+    saved = {path: path.read_bytes() for path in planted[1:]}
+    for path in planted:
+        path.unlink()
+        path.symlink_to(outside / "existing.txt")
+    (run / "medbanana-journal.jsonl").unlink()  # a fresh start: every task is run and every file written again
+    assert _generate(sources, run) == 0
+    _assert_untouched(outside)
+    for path in planted:
+        assert not path.is_symlink() and json.loads(path.read_text())
+    assert json.loads((folder / layout.PROGRESS).read_text()) == json.loads(saved[folder / layout.PROGRESS])
+
+
+def test_temp_files_and_cache_logs_are_never_opened_through_a_planted_link(tmp_path, outside, monkeypatch):
+    """A temp file's name (pid, serial) and a cache log's (clock, pid) are predictable: a link planted there is
+    refused (FileExistsError), never followed, whether it dangles or not."""
+    for name, target in (("dangling", "gone.txt"), ("existing", "existing.txt")):
+        (tmp_path / name).symlink_to(outside / target)
+        with pytest.raises(FileExistsError):
+            create_new(tmp_path / name)
+    _assert_untouched(outside)
+
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    monkeypatch.setattr("time.time_ns", lambda: 1234)  # the log's name is answers-TIME_NS-PID.log
+    (cache_dir / f"answers-1234-{os.getpid()}.log").symlink_to(outside / "existing.txt")
+    with pytest.raises(FileExistsError):
+        ResponseCache(cache_dir).put_json("k" * 64, '{"answer": 1}')
+    _assert_untouched(outside)
+    atomic_write_bytes(tmp_path / "existing", b"new")  # a link at the target itself is replaced by the file
+    assert not (tmp_path / "existing").is_symlink() and (tmp_path / "existing").read_bytes() == b"new"
+    _assert_untouched(outside)
