@@ -260,8 +260,9 @@ def register(sub) -> None:
         "--executor ray runs --shards N parts of the run as Ray tasks, each into its own run directory "
         "OUT/medbanana-shards/i-of-N/ (storage every node sees), then merges them into OUT. A task whose worker "
         "dies is retried by Ray and resumes from its shard's journal; rerunning the same command resumes the "
-        "whole job. Nodes need the API key in their own environment: keys are never sent through Ray. On a "
-        "scheduler without Ray, use --shard i/N per job and `medbanana merge`.")
+        "whole job. A local cluster started for the run inherits this shell's environment; the nodes of a cluster "
+        "you join need the API key in their own: keys are never sent through Ray. On a scheduler without Ray, use "
+        "--shard i/N per job and `medbanana merge`.")
     g.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where the run's tasks run: this machine (default) or a Ray cluster")
     g.add_argument("--shards", type=_count, metavar="N",
@@ -269,7 +270,8 @@ def register(sub) -> None:
                         "an earlier submission, else one per slot of the cluster)")
     g.add_argument("--ray-address", metavar="auto|HOST:PORT",
                    help="--executor ray: the cluster to join; 'auto' finds the one this node is part of (default: "
-                        "$RAY_ADDRESS, else a local cluster started for this run)")
+                        "$RAY_ADDRESS, else a new local cluster started for this run, never one `ray start` left "
+                        "running)")
     g.add_argument("--ray-gpus-per-shard", type=float, default=0, metavar="G",
                    help="--executor ray: GPUs each shard task reserves (a diffusers editor: 1); each shard also "
                         "reserves --workers CPUs (default 0)")
