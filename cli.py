@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         from .generation.secrets import scrub  # a message may quote an endpoint's answer
 
         print(f"medbanana {args.command}: error: {scrub(str(exc))}", file=sys.stderr)
-        return 2
+        code = getattr(exc, "exit_code", None)  # WorkerCrashed: 4, a process of the run died
+        return code if isinstance(code, int) else 2
     except KeyboardInterrupt:
         print("interrupted: finished tasks are kept; run the same command again to resume", file=sys.stderr)
         return 130

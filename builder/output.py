@@ -5,13 +5,22 @@ A build is staged beside `--out` (`.NAME.building-PID`) and renamed into place, 
 a different file. It lives beside it, `.NAME.medbanana.lock` in the parent, held from the first check of `--out`
 until the previous build is removed, then removed; builds into other folders of the same parent do not contend.
 
+The swap never leaves `--out` missing: the new build and the old one trade places in one atomic rename (Linux
+`renameat2(RENAME_EXCHANGE)`), the old one is renamed `.NAME.previous-PID` and removed. Killed at any point, `--out`
+is the old build or the new one, and the next build (under the lock) removes what is left: staging folders, and
+previous builds. Where the file system cannot exchange, `--out` is renamed aside first, so a kill between the two
+renames leaves no `--out` until the next build, which renames the previous build back before anything else.
+
 A build replaces only what builds write (`OWN_FILES`, the config folders' parquet shards). Anything else in
 `--out`, and an input run inside `--out` or holding it, is refused before anything is written or deleted.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import sys
 import warnings
 from collections.abc import Iterable
 from contextlib import ExitStack, contextmanager
@@ -28,17 +37,34 @@ OWN_FILES = frozenset({BUILD_INFO, README, MANIFEST, FIGURE})
 _SHOWN = 5  # unknown entries named in the refusal
 
 
+def _leftovers(out: Path, kind: str) -> list[Path]:
+    """The folders `.NAME.{kind}-PID` builds of `out` make beside it (kind: building, previous)."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.{kind}-\d+")
+    return sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+
+
 def remove_stale_staging(out: Path) -> list[Path]:
     """Remove the staging folders (`.NAME.building-PID`) that killed builds of `out` left beside it; call it holding
     the write lock of `out`, so that none of them belongs to a running build. Returns what was removed."""
-    import re
     import shutil
 
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.building-\d+")
-    stale = [p for p in out.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    stale = _leftovers(out, "building")
     for path in stale:
         shutil.rmtree(path)
     return stale
+
+
+def finish_interrupted_swap(out: Path) -> list[Path]:
+    """What a build killed while swapping left, holding the write lock of `out`: with no `out` (killed between the
+    two renames of a file system that cannot exchange), the previous build goes back into place; any other
+    previous build is removed as a replaced build is. Returns the previous builds found."""
+    previous = _leftovers(out, "previous")
+    if previous and not os.path.lexists(out):
+        previous[-1].rename(out)  # one build at a time (the lock): there is one such folder
+    for folder in previous:
+        if folder.is_dir():
+            remove_build(folder)
+    return previous
 
 
 class BuildError(Exception):
@@ -75,6 +101,7 @@ class BuildLocks(ExitStack):
     def write(self) -> None:
         check_out(self.out)  # before the lock too: a refusal writes nothing, not even the lock file
         self.enter_context(output_lock(self.out))  # until the previous build is removed (module docstring)
+        finish_interrupted_swap(self.out)  # a killed build's: its previous build back in place, or removed
         check_out(self.out)  # again, now that no other build can change it
 
 
@@ -130,14 +157,39 @@ def foreign_entries(out: Path) -> list[str]:
 
 
 def move_into_place(staging: Path, out: Path) -> None:
-    """Publish `staging` as `out` by renames; the previous build is removed file by file, its own files only."""
-    previous = None
-    if out.exists():
-        previous = out.with_name(f".{out.name}.previous-{os.getpid()}")
+    """Publish `staging` as `out` by renames (module docstring); the previous build is removed file by file, its
+    own files only."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    previous = out.with_name(f".{out.name}.previous-{os.getpid()}")
+    if exchange(staging, out):  # out is the new build now; staging names the old one
+        staging.rename(previous)
+    else:
         out.rename(previous)
-    staging.rename(out)
-    if previous is not None:
-        remove_build(previous)
+        staging.rename(out)
+    remove_build(previous)
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic rename (Linux renameat2 RENAME_EXCHANGE); False where the C library, the kernel
+    or the file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)  # glibc 2.28+, musl 1.2.2+
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    at_fdcwd, rename_exchange = -100, 2  # <fcntl.h>, <linux/fs.h>
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # no such flag here (old kernel, NFS, ...)
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
 
 
 def remove_build(folder: Path) -> None:

@@ -5,6 +5,7 @@
     2  a user error: bad options, an unknown disease, a folder made with other settings (cli.main).
     3  generate: some tasks ended api_failed (API errors, unreadable sources); `--retry-failed RUN_DIR` retries
        them. eval: no sample could be scored, or a judge was asked for and no sample got a verdict.
+    4  generate: a process of the run died (a --workers child, a Ray shard after its retries; runners/processes.py).
    75  another process holds the run directory's or output folder's lock (generation/lock.py); try again later.
   130  interrupted (Ctrl-C); finished work is kept.
 (`verify` has its own: 1 when a file does not match.)

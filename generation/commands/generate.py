@@ -39,6 +39,32 @@ def _workers(text: str) -> int | str:
     return _count(text, auto=True)
 
 
+ROLES = ("writer", "editor", "judge")
+RUN_DEFAULTS = {"max_rounds": 5, "seed": 0, "accept": "qualified"}  # generate's, applied after --retry-failed's
+
+
+def take_recorded_options(args, config: dict) -> None:
+    """--retry-failed: the options RUN_DIR/medbanana-run.json records (each role's backend and model, max rounds,
+    seed, accept policy) for those not given, so that the retry command `generate` prints works as printed. Any
+    given is kept: a different one is refused by the run directory's check, naming it."""
+    for name in RUN_DEFAULTS:
+        if getattr(args, name) is None and config.get(name) is not None:
+            setattr(args, name, config[name])
+    backends = config.get("backends") if isinstance(config.get("backends"), dict) else {}
+    for role in ROLES:
+        made = backends.get(role) if isinstance(backends.get(role), dict) else {}
+        if not isinstance(made.get("backend"), str):
+            continue
+        if getattr(args, role) is None and args.backend is None:
+            setattr(args, role, made["backend"])
+        chosen = getattr(args, role) or args.backend
+        model_option = f"{role}_model"
+        taken_by_openai_model = chosen == "openai" and args.openai_model
+        if (chosen == made["backend"] != "simulator" and made.get("model") and not taken_by_openai_model
+                and getattr(args, model_option, "absent") is None):  # the simulator's models are its own
+            setattr(args, model_option, made["model"])
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("refinement loop")
     g.add_argument("--max-rounds", type=int, default=5, help="rounds per task before it counts as failed (default 5)")
@@ -73,14 +99,19 @@ def cmd_generate(args) -> int:
                   file=sys.stderr)
             return 2
         out = args.retry_failed
+        recorded = run_config(out)
         if sources is None:
-            sources = Path(run_config(out)["sources_root"])
+            sources = Path(recorded["sources_root"])
+        take_recorded_options(args, recorded)
+    for name, default in RUN_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if sources is None or out is None:
         print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
         return 2
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     backend = args.backend or default_backend()
-    roles = {role: getattr(args, role) or backend for role in ("writer", "editor", "judge")}
+    roles = {role: getattr(args, role) or backend for role in ROLES}
     shared = dict(rpm=args.rpm, timeout=args.timeout, max_attempts=args.max_attempts,
                   retry_base_delay=args.retry_base_delay, image_aware_writer=args.image_aware_writer)
     spec = BackendSpec(backend, roles, gemini=GeminiSettings(
@@ -247,7 +278,8 @@ def register(sub) -> None:
     p.add_argument("--retry-failed", type=Path, metavar="RUN_DIR",
                    help="re-run the tasks of RUN_DIR that ended with an API error, with the selection (diseases, "
                         "modalities, directions, shard, limit) and sources its medbanana-run.json records; "
-                        "other selection options are refused")
+                        "other selection options are refused. Backends, models, --max-rounds, --seed and --accept "
+                        "default to the recorded ones too (give the signing certificate again: it is not stored)")
     p.add_argument("--shard", type=_shard, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
     p.add_argument("--workers", type=_workers, default=1, metavar="N|auto",
                    help="processes making the calls, sharing --concurrency, --rpm and --tpm (default 1). Worth it "
@@ -260,8 +292,9 @@ def register(sub) -> None:
         "--executor ray runs --shards N parts of the run as Ray tasks, each into its own run directory "
         "OUT/medbanana-shards/i-of-N/ (storage every node sees), then merges them into OUT. A task whose worker "
         "dies is retried by Ray and resumes from its shard's journal; rerunning the same command resumes the "
-        "whole job. Nodes need the API key in their own environment: keys are never sent through Ray. On a "
-        "scheduler without Ray, use --shard i/N per job and `medbanana merge`.")
+        "whole job. A local cluster started for the run inherits this shell's environment; the nodes of a cluster "
+        "you join need the API key in their own: keys are never sent through Ray. On a scheduler without Ray, use "
+        "--shard i/N per job and `medbanana merge`.")
     g.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where the run's tasks run: this machine (default) or a Ray cluster")
     g.add_argument("--shards", type=_count, metavar="N",
@@ -269,7 +302,8 @@ def register(sub) -> None:
                         "an earlier submission, else one per slot of the cluster)")
     g.add_argument("--ray-address", metavar="auto|HOST:PORT",
                    help="--executor ray: the cluster to join; 'auto' finds the one this node is part of (default: "
-                        "$RAY_ADDRESS, else a local cluster started for this run)")
+                        "$RAY_ADDRESS, else a new local cluster started for this run, never one `ray start` left "
+                        "running)")
     g.add_argument("--ray-gpus-per-shard", type=float, default=0, metavar="G",
                    help="--executor ray: GPUs each shard task reserves (a diffusers editor: 1); each shard also "
                         "reserves --workers CPUs (default 0)")
@@ -290,7 +324,7 @@ def register(sub) -> None:
                         "decoding) ends its tasks as source errors (default %(default)s, as `prepare --max-pixels`; "
                         "Pillow itself refuses more than twice its default)")
     add_run_options(p)
-    p.set_defaults(func=cmd_generate)
+    p.set_defaults(func=cmd_generate, **dict.fromkeys(RUN_DEFAULTS))  # None: given or not (--retry-failed)
 
     p = sub.add_parser("merge", help="combine shard run directories into one",
                        description="Merge the finished tasks of several run directories made with the same options "

@@ -13,6 +13,7 @@ a URL's `user:password@`), and so is the holder's when it is quoted.
     with hold_lock(run_dir, "run directory"):   # LockHeld (exit code 75) when another process holds it
         ...
     with hold_lock(out, "dataset folder", beside=True):   # a folder replaced by renaming a new one in
+    with hold_lock(out, "run directory") as lock, lend(lock):   # code called here may lock `out` again
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ EXIT_LOCKED = 75  # sysexits' EX_TEMPFAIL: nothing is wrong with the command, tr
 
 class LockHeld(RuntimeError):
     """Another process holds the folder's lock (the message names it)."""
+
+
+_LENT: dict[Path, "DirLock"] = {}  # lock file -> the exclusive lock this process lends (see `lend`)
 
 
 def _command() -> str:
@@ -81,6 +85,7 @@ class DirLock:
         # beside: for a folder replaced by a rename (a build made next to it): a lock inside would go with it
         self.path = self.folder.parent / f".{self.folder.name}.{LOCK_NAME}" if beside else self.folder / LOCK_NAME
         self._fd: int | None = None
+        self._borrowed = False
 
     def acquire(self) -> "DirLock":
         """Lock, or raise LockHeld. A lock file beside its folder is removed by the writer that releases it (so
@@ -88,7 +93,7 @@ class DirLock:
         the file it locked is still the one at the path, and locks again if not."""
         while True:
             self._acquire_once()
-            if not self.beside or self._fd is None:
+            if not self.beside or self._fd is None or self._borrowed:
                 return self
             try:
                 if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
@@ -98,7 +103,11 @@ class DirLock:
             self.release()  # locked a file its writer removed meanwhile: lock the one at the path now
 
     def _acquire_once(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None or self._borrowed:
+            return
+        lender = _LENT.get(self.path.resolve())
+        if lender is not None and lender.held and not self.shared:
+            self._borrowed = True  # the lender holds it for this process: nothing to take, nothing to release
             return
         if self.shared:
             fd = self._open_for_reading()
@@ -146,6 +155,7 @@ class DirLock:
             return None
 
     def release(self) -> None:
+        self._borrowed = False
         if self._fd is not None:
             if self.beside and not self.shared:
                 self.path.unlink(missing_ok=True)  # while still held: takers check what they locked (acquire)
@@ -154,7 +164,7 @@ class DirLock:
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._fd is not None or self._borrowed
 
 
 @contextmanager
@@ -168,3 +178,19 @@ def hold_lock(folder: Path, what: str = "folder", *, shared: bool = False, besid
         yield lock
     finally:
         lock.release()
+
+
+@contextmanager
+def lend(lock: DirLock):
+    """Inside the block, an exclusive lock of the same folder taken in this process shares `lock` (held
+    exclusive) instead of being refused: for a command that holds a folder for a whole job and calls code that
+    locks it again (the Ray driver holds --out while its shards run, then merges into it). Other processes are
+    refused as ever; outside the block, this process is too."""
+    if not lock.held or lock.shared:
+        raise ValueError("only an exclusive lock that is held can be lent")
+    key = lock.path.resolve()
+    _LENT[key] = lock
+    try:
+        yield lock
+    finally:
+        _LENT.pop(key, None)

@@ -32,8 +32,14 @@ from .local import _SourceCache, run_one_task
 from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients
 
 
+EXIT_INFRASTRUCTURE = 4  # README's exit codes: a process of the run died, not the user's error nor the API's
+
+
 class WorkerCrashed(RuntimeError):
-    """A worker process ended before finishing its tasks."""
+    """A worker process ended before finishing its tasks (a `--workers` child, a Ray shard after its retries);
+    the CLI exits with `exit_code`."""
+
+    exit_code = EXIT_INFRASTRUCTURE
 
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" in microseconds, or "max PERIOD"

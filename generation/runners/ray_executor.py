@@ -11,14 +11,21 @@ shard has finished, the driver merges them (rundir/merge.py) into OUT and writes
 same command resumes: a shard whose tasks are all in its journal is not submitted again, one merged into OUT
 already is not merged again, and a merge the driver did not finish goes on after the tasks it wrote.
 
-The driver holds OUT/medbanana-shards/medbanana.lock for the whole job, so a second driver on the same OUT is
-refused at once. API keys are never sent through Ray: the nodes read them from their own environment (start the
-workers with GEMINI_API_KEY set); a local cluster, started by this command, inherits this process's environment.
+The driver holds OUT's lock (and OUT/medbanana-shards') for the whole job, so a second driver, or a plain
+`generate` into the same OUT, is refused at once. Without --ray-address or RAY_ADDRESS it starts a local cluster of
+its own (never one that `ray start` left running on this machine) and says which it uses. API keys are never sent
+through Ray (its runtime-environment agent logs a task's `env_vars` in its session logs): a local cluster inherits
+this process's environment; the nodes of a cluster you join read them from their own (start them with
+GEMINI_API_KEY set). A shard on this machine ends itself when the driver is gone (killed), so that no shard keeps
+calling the API for a job nobody waits for.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -27,7 +34,7 @@ from pathlib import Path
 from ..extras import require
 from ..files import atomic_write_json
 from ..rundir import layout
-from ..rundir.lock import LockHeld, hold_lock
+from ..rundir.lock import LockHeld, hold_lock, lend
 from ..rundir.merge import merge_runs
 from ..rundir.store import read_journal
 from ..records import Task
@@ -49,6 +56,7 @@ class ShardJob:
     selection: Selection = field(default_factory=Selection)
     modality: str | None = None
     limit: int | None = None
+    driver: tuple[str, int] | None = None  # (host, pid) of the driver: a shard on its host ends when it is gone
 
 
 def shard_dir(out: Path, index: int, count: int) -> Path:
@@ -57,9 +65,24 @@ def shard_dir(out: Path, index: int, count: int) -> Path:
 
 def run_shard(job: ShardJob, index: int, count: int, out: str) -> RunSummary:
     """The body of one Ray task (also callable without Ray): shard index/count of the job, into its directory."""
+    if job.driver is not None and job.driver[0] == socket.gethostname():
+        threading.Thread(target=_end_with, args=(job.driver[1],), name="medbanana-driver-watch", daemon=True).start()
     options = replace(job.options, shard=(index, count), quiet=True)
     return generate(job.sources, shard_dir(Path(out), index, count), selection=job.selection,
                     modality=job.modality, spec=job.spec, options=options, limit=job.limit)
+
+
+def _end_with(driver: int, every: float = 0.5) -> None:
+    """End this process (a shard's Ray worker) once the driver's process is gone: its journal keeps what finished,
+    and resubmitting resumes. Ray itself notices a dead driver only later, or never for a cluster it did not start."""
+    while True:
+        time.sleep(every)
+        try:
+            os.kill(driver, 0)
+        except ProcessLookupError:
+            os._exit(WorkerCrashed.exit_code)
+        except PermissionError:  # another user's process took the pid: ours is gone
+            os._exit(WorkerCrashed.exit_code)
 
 
 def absolute_paths(job: ShardJob) -> ShardJob:
@@ -99,9 +122,12 @@ def run_on_ray(job: ShardJob, out: Path, *, shards: int | None = None, address: 
     has finished already, no cluster is joined: only what is left of the merge is done."""
     ray = require("ray", needed_for="--executor ray", extra="ray")
     out = Path(out).resolve()  # workers start elsewhere: every path they get is absolute
-    job = absolute_paths(job)
+    job = replace(absolute_paths(job), driver=(socket.gethostname(), os.getpid()))
+    address = address or os.environ.get("RAY_ADDRESS") or None
     started = time.perf_counter()
-    with hold_lock(out / SHARDS, "sharded run (its Ray driver)"):
+    # OUT's own lock, lent to the merge at the end (it locks OUT again); the shards' folder's, for older drivers
+    with hold_lock(out, "run directory (its Ray driver)") as lock, lend(lock), \
+            hold_lock(out / SHARDS, "sharded run (its Ray driver)"):
         tasks = select_tasks(job.sources, job.selection, job.modality, job.limit)  # as each shard's `generate`
         recorded = recorded_shard_count(out)
         if shards and recorded and shards != recorded:  # other parts would run every task again, from scratch
@@ -113,11 +139,7 @@ def run_on_ray(job: ShardJob, out: Path, *, shards: int | None = None, address: 
         if todo is None or todo:
             connected_here = not ray.is_initialized()
             if connected_here:
-                try:
-                    ray.init(address=address, logging_level="ERROR", configure_logging=True)
-                except Exception as exc:  # ConnectionError, an authentication error, a version mismatch
-                    raise RuntimeError(f"cannot join the Ray cluster at {address or 'RAY_ADDRESS, or start one'}: "
-                                       f"{_first_line(exc)}") from None
+                _join(ray, address)
             try:
                 if count is None:
                     count = _cluster_shards(ray, cpus_per_shard, gpus_per_shard)
@@ -132,6 +154,22 @@ def run_on_ray(job: ShardJob, out: Path, *, shards: int | None = None, address: 
                     ray.shutdown()
         _merge_shards(out, count)
     return _summary(out, ran, len(tasks), time.perf_counter() - started)
+
+
+def _join(ray, address: str | None) -> None:
+    """Join the cluster at `address`, or start a local one (address None: never one found running here), and say
+    which (even with -q: it is no progress report)."""
+    try:
+        if address:
+            ray.init(address=address, logging_level="ERROR", configure_logging=True)
+        else:  # "local" starts a new cluster even when `ray start` left one running on this machine
+            ray.init(address="local", logging_level="ERROR", configure_logging=True, include_dashboard=False)
+    except Exception as exc:  # ConnectionError, an authentication error, a version mismatch
+        raise RuntimeError(f"cannot {f'join the Ray cluster at {address}' if address else 'start a local Ray cluster'}"
+                           f": {_first_line(exc)}") from None
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    _say(False, f"Ray: joined the cluster at {address} ({cpus} CPUs)" if address else
+         f"Ray: started a local cluster for this run ({cpus} CPUs; give --ray-address to join another)")
 
 
 def _unfinished(tasks: list[Task], out: Path, count: int) -> list[int]:
@@ -157,17 +195,23 @@ def _gather(ray, pending: dict, count: int, quiet: bool) -> list[RunSummary]:
         try:
             summary = ray.get(done)
         except ray.exceptions.RayError as exc:
-            failures.append((index, getattr(exc, "cause", None) or exc))
-            _say(quiet, f"shard {index}/{count} failed: {_first_line(failures[-1][1])}")
+            # the run raised (RayTaskError): its own error; anything else is Ray's (worker or node lost)
+            cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
+            failures.append((index, cause, cause is exc or isinstance(cause, WorkerCrashed)))
+            _say(quiet, f"shard {index}/{count} failed: {_first_line(cause)}")
             continue
         summaries.append(summary)
         _say(quiet, f"shard {index}/{count} finished: {summary.tasks} tasks (ran {summary.tasks - summary.skipped}) "
                     f"in {summary.seconds:.1f} s")
     if failures:
-        index, cause = failures[0]
+        index, cause, crashed = failures[0]
         text = (f"shard {index}/{count} failed ({len(failures)} of {count} shards failed): {_first_line(cause)}; "
                 f"what the shards finished is kept: rerun the same command to resume")
-        raise LockHeld(text) if isinstance(cause, LockHeld) else RuntimeError(text)
+        if isinstance(cause, LockHeld):
+            raise LockHeld(text)
+        if crashed:  # after its retries: the infrastructure's failure, with its own exit code
+            raise WorkerCrashed(text)
+        raise RuntimeError(text)
     return summaries
 
 

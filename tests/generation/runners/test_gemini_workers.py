@@ -149,3 +149,30 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error_and_a_rerun_resumes
         summary = generate(sources, out, spec=spec, options=options)
     assert summary.statuses["success"] + summary.statuses["failed"] == len(scan_sources(sources))
     assert summary.skipped >= 1  # what finished before the crash was kept
+
+
+def _workers_of(parent: int) -> list[int]:
+    """The `--workers` processes of `parent` (spawned children; not multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return [int(pid) for pid in children
+            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the workers through /proc (Linux)")
+def test_a_worker_killed_by_the_system_ends_the_cli_with_the_infrastructure_exit_code(sources, tmp_path):
+    """Not 2 (a user error) nor a traceback: one line, exit code 4, and the rerun resumes to 0."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "medbanana", *_args(sources, out, "--workers", "2")]
+    with FakeGemini(engine="echo", latency=0.05) as fake:
+        env = {**os.environ, "GEMINI_API_KEY": KEY, "GOOGLE_GEMINI_BASE_URL": fake.base_url}
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not any(e["type"] == "task" for e in read_journal(out / layout.JOURNAL)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before a worker was killed"
+            time.sleep(0.01)
+        os.kill(_workers_of(proc.pid)[0], signal.SIGKILL)  # as the kernel's OOM killer would
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == workers.EXIT_INFRASTRUCTURE == 4, err
+        assert err.count("\n") == 1 and "ended (exit code -9)" in err and "rerun the same command" in err, err
+        rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert rerun.returncode == 0, rerun.stderr

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.lock import LOCK_NAME
 from medbanana.generation.rundir.store import read_journal
-from medbanana.generation.runners.ray_executor import SHARDS, shard_dir
+from medbanana.generation.runners.ray_executor import MAX_RETRIES, SHARDS, shard_dir
 from medbanana.generation.runners.session import in_shard
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.testing.fake_gemini import FakeGemini
@@ -273,3 +274,77 @@ def test_every_path_a_shard_job_names_is_made_absolute_and_a_hub_id_is_kept(tmp_
     assert job.spec.diffusers.attention_dir == tmp_path / "maps"
     hub = BackendSpec("simulator", {"editor": "diffusers"}, diffusers={"model": "timbrooks/instruct-pix2pix"})
     assert absolute_paths(ShardJob(Path("s"), hub, RunOptions())).spec.diffusers.model == "timbrooks/instruct-pix2pix"
+
+
+def test_a_driver_without_an_address_starts_its_own_cluster_holds_out_and_its_shards_end_with_it(
+        cluster, fake_gemini, tmp_path):
+    """`ray start` left a cluster on this machine (its address in Ray's address file, as `ray start` writes it):
+    without --ray-address the driver still starts a local cluster of its own, whose workers inherit the driver's
+    key and endpoint (a second fake server: nothing may reach the other cluster's). While the driver runs, a plain
+    `generate` into OUT is refused. A shard whose worker keeps dying ends the command with exit code 4; a
+    driver killed with SIGKILL leaves no shard calling the API; the same command then finishes the job."""
+    sources = mimic_sources(tmp_path / "sources", "MIMIC_ray", disease="Pleural_Effusion", per_class=2)  # 16 tasks
+    out = tmp_path / "run"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths must fit
+    (ray_tmp / "ray").mkdir()
+    (ray_tmp / "ray" / "ray_current_cluster").write_text(cluster.address)
+    command = [sys.executable, "-m", "medbanana", *_args(sources, out, "gemini", "--concurrency", "1"),
+               "--executor", "ray", "--shards", "2"]
+    other_calls = fake_gemini.count()
+    try:
+        with FakeGemini(engine="echo", latency=0.1) as mine:
+            env = {**os.environ, **cluster.env, "RAY_TMPDIR": str(ray_tmp), "GEMINI_API_KEY": "driver-key-5d1a",
+                   "GOOGLE_GEMINI_BASE_URL": mine.base_url, "RAY_memory_monitor_refresh_ms": "0"}
+            env.pop("RAY_ADDRESS", None)
+
+            def start() -> subprocess.Popen:
+                return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+            def shard_worker(after: int | None = None) -> int | None:
+                """The pid holding shard 0's lock once it is another than `after`; None if the driver ended."""
+                lock, deadline = shard_dir(out, 0, 2) / LOCK_NAME, time.monotonic() + 180
+                while driver.poll() is None:
+                    assert time.monotonic() < deadline, "no worker took shard 0"
+                    try:
+                        pid = json.loads(lock.read_text())["pid"]
+                    except (OSError, ValueError):
+                        pid = None
+                    if pid not in (None, after):
+                        return pid
+                    time.sleep(0.02)
+                return None
+
+            driver = start()
+            worker = shard_worker()
+            assert worker is not None, driver.communicate()
+            plain = subprocess.run(command[:-4], env=env, capture_output=True, text=True, timeout=120)
+            assert plain.returncode == 75 and f"is being used by pid {driver.pid}" in plain.stderr, plain.stderr
+            kills = 0
+            while worker is not None:  # the first attempt, then each of Ray's retries
+                os.kill(worker, signal.SIGKILL)
+                kills += 1
+                worker = shard_worker(after=worker)
+            assert kills == MAX_RETRIES + 1
+            _, err = driver.communicate(timeout=180)
+            assert driver.returncode == 4, err
+            assert "Ray: started a local cluster" in err and "shard 0/2 failed" in err, err
+
+            before = mine.count()
+            driver = start()
+            while mine.count() < before + 6:  # the shards are calling the API
+                assert driver.poll() is None, driver.communicate()
+                time.sleep(0.02)
+            driver.kill()
+            driver.wait()
+            time.sleep(3)  # each shard checks every 0.5 s that its driver lives
+            calls = mine.count()
+            time.sleep(2)
+            assert mine.count() == calls, "a shard kept calling the API after its driver was killed"
+
+            driver = start()
+            _, err = driver.communicate(timeout=300)
+            assert driver.returncode == 0, err
+        assert fake_gemini.count() == other_calls  # nothing ran on the cluster `ray start` left
+        assert len(set(_task_lines(out))) == len(scan_sources(sources))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

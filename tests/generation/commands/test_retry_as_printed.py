@@ -1,0 +1,62 @@
+"""The retry command `generate` prints after API failures works as printed: `--retry-failed RUN_DIR` takes the
+run's recorded options (backends, models, max rounds, seed, accept policy) for those not given.
+
+Both commands run as a user runs them: the `medbanana` script in a subprocess, against the fake Gemini server on
+127.0.0.1, the second one split from the line the first one printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from fake_runs import mimic_sources
+from medbanana.generation.rundir import layout
+from medbanana.generation.rundir.store import read_journal
+from medbanana.generation.sources.scan import scan_sources
+from medbanana.generation.testing.fake_gemini import FakeGemini
+
+KEY = "retry-printed-key-71b0"
+JUDGE = "judge-model-of-the-run"
+
+
+def _finished(run_dir: Path) -> dict[str, dict]:
+    return {e["uid"]: e["record"] for e in read_journal(run_dir / layout.JOURNAL) if e["type"] == "task"}
+
+
+def test_the_printed_retry_command_takes_the_runs_options_and_finishes_the_failed_tasks(tmp_path):
+    sources = mimic_sources(tmp_path / "sources", "MIMIC_retry", disease="Pleural_Effusion", per_class=1)
+    out = tmp_path / "run"
+    with FakeGemini(engine="echo", faults=["500:role=writer,first=2"]) as fake:
+        env = {**os.environ, "GEMINI_API_KEY": KEY, "GOOGLE_GEMINI_BASE_URL": fake.base_url,
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        first = subprocess.run(
+            ["medbanana", "generate", "--sources", str(sources), "--out", str(out), "--backend", "gemini",
+             "--max-rounds", "3", "--seed", "11", "--accept", "score>=0.7", "--judge-model", JUDGE,
+             "--max-attempts", "1", "--concurrency", "1", "--timeout", "20", "-q"],
+            env=env, capture_output=True, text=True, timeout=300)
+        assert first.returncode == 3, first.stderr
+        failed = {uid for uid, r in _finished(out).items() if r["status"] == "api_failed"}
+        assert len(failed) == 2
+        config = (out / layout.RUN_CONFIG).read_bytes()
+
+        printed = next(line for line in first.stderr.splitlines() if line.startswith("retry them with: "))
+        command = shlex.split(printed.removeprefix("retry them with: ").partition(" (")[0])
+        assert command == ["medbanana", "generate", "--retry-failed", str(out)]
+        fake.reset()
+        retry = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert retry.returncode == 0, retry.stderr
+        judged_by = {call.model for call in fake.calls if call.role == "judge"}
+
+    finished = _finished(out)
+    assert set(finished) == {t.uid for t in scan_sources(sources)}
+    assert not any(r["status"] == "api_failed" for r in finished.values())
+    assert all(len(finished[uid]["rounds"]) <= 3 for uid in failed)
+    assert judged_by == {JUDGE}  # the recorded judge model, not the default one
+    assert (out / layout.RUN_CONFIG).read_bytes() == config  # the same run: max rounds, seed, accept, models
+    recorded = json.loads(config)
+    assert (recorded["max_rounds"], recorded["seed"], recorded["accept"]) == (3, 11, "score>=0.7")
