@@ -27,8 +27,16 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"medbanana: warning: {message}", file=file or sys.stderr)
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A parser whose usage errors are one line (exit 2), pointing at --help rather than reprinting the usage;
+    subcommands' parsers are of the same class (argparse makes them with the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="medbanana", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Build, package and train on instruction-based medical image editing data (Med-Banana-50K "
                     "style): generate edits with writer -> editor -> judge refinement, then publish them as a "

@@ -36,6 +36,9 @@ def acceptance_policy(spec: str) -> Acceptance:
     if not m:
         raise ValueError(f"unknown acceptance policy {spec!r}; use 'qualified' or 'score>=0.7'")
     threshold = float(m[1])
+    if threshold > 1:  # the weighted rubric score lies in [0, 1]: such a policy would silently accept nothing
+        raise ValueError(f"acceptance policy {spec!r}: the rubric score is between 0 and 1, so nothing would pass; "
+                         "use e.g. 'score>=0.7'")
 
     def accept_score(verdict: Verdict, task: Task) -> bool:
         return verdict.score >= threshold and verdict.compliance(task.direction)

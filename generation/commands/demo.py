@@ -4,13 +4,17 @@ the dataset built from it (no download, no key). It is a command, not a runner: 
 from __future__ import annotations
 
 import json
+import sys
+from functools import partial
 from pathlib import Path
 
 from ..files import atomic_write_json
 from ..rundir import layout
 from ..runners.generate import generate
 from ..runners.local import RunOptions, RunSummary
-from .generate import add_run_options
+from .generate import add_run_options, whole_number
+
+MIN_SIZE = 64  # the phantoms' anatomy and lesions are drawn in proportion; below this they are a few pixels
 
 
 def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: int = 2, seed: int = 0,
@@ -61,6 +65,9 @@ def _check_same_demo(run_dir: Path, demo: dict) -> None:
 
 
 def cmd_demo(args) -> int:
+    if not args.normal and not args.diseased:
+        print("medbanana demo: error: --normal 0 and --diseased 0 leave no task to run", file=sys.stderr)
+        return 2
     summary = run_demo(args.out, n_normal=args.normal, n_diseased=args.diseased, concurrency=args.concurrency,
                        seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build,
                        max_rounds=args.max_rounds, accept=args.accept)
@@ -76,9 +83,12 @@ def register(sub) -> None:
                                    "DIR/run (the Med-Banana layout) and DIR/dataset (the Hugging Face dataset "
                                    "folder, all five configs). Rerunning on the same DIR resumes.")
     p.add_argument("--out", type=Path, required=True, help="output folder (created)")
-    p.add_argument("--normal", type=int, default=2, help="normal sources per modality (add tasks; default 2)")
-    p.add_argument("--diseased", type=int, default=1, help="diseased sources per target (remove tasks; default 1)")
-    p.add_argument("--size", type=int, default=1024, help="source image size in pixels (default 1024)")
+    p.add_argument("--normal", type=partial(whole_number, minimum=0), default=2,
+                   help="normal sources per modality (add tasks; default 2)")
+    p.add_argument("--diseased", type=partial(whole_number, minimum=0), default=1,
+                   help="diseased sources per target (remove tasks; default 1)")
+    p.add_argument("--size", type=partial(whole_number, minimum=MIN_SIZE), default=1024,
+                   help=f"source image size in pixels (default 1024, at least {MIN_SIZE})")
     p.add_argument("--no-build", dest="build", action="store_false",
                    help="stop after the run (default: also build the Hugging Face dataset folder DIR/dataset)")
     add_run_options(p)

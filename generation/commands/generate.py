@@ -21,22 +21,48 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def _count(text: str, auto: bool = False) -> int | str:
-    """A whole number of at least 1 (`--shards`), or also 'auto' (`--workers`): argparse adds the option's name."""
+def whole_number(text: str, minimum: int = 1, auto: bool = False) -> int | str:
+    """A whole number of at least `minimum`, or also 'auto' (`--workers`): argparse adds the option's name."""
     if auto and text == "auto":
         return text
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"want a whole number of at least 1{' or auto' if auto else ''}, "
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"want a whole number of at least {minimum}{' or auto' if auto else ''}, "
                                          f"not {text!r}")
     return value
 
 
+def _count(text: str) -> int | str:
+    return whole_number(text)
+
+
 def _workers(text: str) -> int | str:
-    return _count(text, auto=True)
+    return whole_number(text, auto=True)
+
+
+def _positive(text: str) -> float:
+    """A number above 0 (seconds, rates): argparse adds the option's name."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"want a number above 0, not {text!r}")
+    return value
+
+
+def _accept(text: str) -> str:
+    """An acceptance policy checked when the options are read (loop.acceptance_policy), kept as its text."""
+    from ..loop import acceptance_policy
+
+    try:
+        acceptance_policy(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 ROLES = ("writer", "editor", "judge")
@@ -67,10 +93,10 @@ def take_recorded_options(args, config: dict) -> None:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("refinement loop")
-    g.add_argument("--max-rounds", type=int, default=5, help="rounds per task before it counts as failed (default 5)")
-    g.add_argument("--concurrency", type=int, default=4, help="tasks in flight at once (default 4)")
+    g.add_argument("--max-rounds", type=_count, default=5, help="rounds per task before it counts as failed (default 5)")
+    g.add_argument("--concurrency", type=_count, default=4, help="tasks in flight at once (default 4)")
     g.add_argument("--seed", type=int, default=0, help="run seed; each attempt's seed derives from it (default 0)")
-    g.add_argument("--accept", default="qualified",
+    g.add_argument("--accept", type=_accept, default="qualified",
                    help="acceptance policy: 'qualified' (the judge's verdict, default) or 'score>=0.7'")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -228,11 +254,11 @@ def register(sub) -> None:
                                           "local folder or Hugging Face id, required)")
     g.add_argument("--writer-model", help="instruction writer model id (default gemini-2.5-pro)")
     g.add_argument("--judge-model", help="judge model id (default gemini-2.5-pro)")
-    g.add_argument("--rpm", type=float, help="client-side limit of requests per minute per model (default: none)")
-    g.add_argument("--tpm", type=float, help="client-side limit of tokens per minute per model, from the usage "
+    g.add_argument("--rpm", type=_positive, help="client-side limit of requests per minute per model (default: none)")
+    g.add_argument("--tpm", type=_positive, help="client-side limit of tokens per minute per model, from the usage "
                                              "each answer reports (default: none)")
-    g.add_argument("--timeout", type=float, default=180.0, help="seconds per call before it is retried (default 180)")
-    g.add_argument("--max-attempts", type=int, default=6,
+    g.add_argument("--timeout", type=_positive, default=180.0, help="seconds per call before it is retried (default 180)")
+    g.add_argument("--max-attempts", type=_count, default=6,
                    help="tries per call on 408/429/5xx/transport errors, with back-off and jitter (default 6)")
     g.add_argument("--retry-base-delay", type=float, default=2.0, metavar="SECONDS",
                    help="first back-off, doubled per retry up to 60 s; a longer Retry-After wins (default 2)")
@@ -241,7 +267,7 @@ def register(sub) -> None:
     g.add_argument("--batch", action="store_true",
                    help="use the Batch API (half price, slow): each round's writer, editor and judge calls of all "
                         "pending tasks go out as one job each; rerunning resumes polling submitted jobs")
-    g.add_argument("--poll-interval", type=float, default=30.0, metavar="SECONDS",
+    g.add_argument("--poll-interval", type=_positive, default=30.0, metavar="SECONDS",
                    help="--batch: seconds between polls of a running job (default 30)")
     g = p.add_argument_group(
         "open backends (your own GPUs)",
@@ -257,13 +283,13 @@ def register(sub) -> None:
     g.add_argument("--structured-output", choices=("json_schema", "json_object", "none"), default="json_schema",
                    help="how the openai judge asks for its JSON verdict; a server that rejects it is asked again "
                         "in plain text, read by a tolerant parser (default json_schema)")
-    g.add_argument("--diffusers-steps", type=int, default=20, metavar="N", help="denoising steps (default 20)")
+    g.add_argument("--diffusers-steps", type=_count, default=20, metavar="N", help="denoising steps (default 20)")
     g.add_argument("--guidance-scale", type=float, default=7.5, help="text guidance (default 7.5)")
     g.add_argument("--image-guidance-scale", type=float, default=1.5,
                    help="image guidance: higher keeps closer to the source (default 1.5)")
-    g.add_argument("--diffusers-resolution", type=int, default=512, metavar="PIXELS",
+    g.add_argument("--diffusers-resolution", type=_count, default=512, metavar="PIXELS",
                    help="working size of the longer side; the edit is resized back to the source size (default 512)")
-    g.add_argument("--diffusers-batch-size", type=int, default=4, metavar="N",
+    g.add_argument("--diffusers-batch-size", type=_count, default=4, metavar="N",
                    help="edits per pipeline call, gathered from the tasks in flight (default 4; keep --concurrency "
                         "at least this)")
     g.add_argument("--dtype", choices=("auto", "float16", "bfloat16", "float32"), default="auto",
@@ -305,9 +331,9 @@ def register(sub) -> None:
                         "$RAY_ADDRESS, else a new local cluster started for this run, never one `ray start` left "
                         "running)")
     g.add_argument("--ray-gpus-per-shard", type=float, default=0, metavar="G",
-                   help="--executor ray: GPUs each shard task reserves (a diffusers editor: 1); each shard also "
-                        "reserves --workers CPUs (default 0)")
-    p.add_argument("--limit", type=int, help="only the first N tasks (for a quick try)")
+                   help="--executor ray: GPUs each shard task reserves (default 0, none; a diffusers editor "
+                        "wants 1). Each shard also reserves as many CPUs as --workers")
+    p.add_argument("--limit", type=_count, help="only the first N tasks (for a quick try)")
     g = p.add_argument_group(
         "signed provenance (C2PA Content Credentials; pip install 'medbanana[c2pa]')",
         "With a certificate and its key, every image written (accepted and rejected) carries a signed C2PA manifest "
@@ -319,7 +345,7 @@ def register(sub) -> None:
                    help="signing certificate, then its issuers, PEM (default: $MEDBANANA_C2PA_CERT)")
     g.add_argument("--c2pa-key", type=Path, metavar="KEY.pem",
                    help="the signing certificate's private key, unencrypted PEM (default: $MEDBANANA_C2PA_KEY)")
-    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
+    p.add_argument("--max-pixels", type=_count, default=DEFAULT_MAX_PIXELS, metavar="N",
                    help="a source with more pixels than this (width x height, read from its header before "
                         "decoding) ends its tasks as source errors (default %(default)s, as `prepare --max-pixels`; "
                         "Pillow itself refuses more than twice its default)")

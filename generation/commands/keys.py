@@ -12,9 +12,6 @@ def cmd_keys_init(args) -> int:
 
     try:
         files = init_keys(args.dir, name=args.name, organisation=args.organisation, days=args.days, force=args.force)
-    except ImportError as exc:
-        print(f"medbanana keys init: {exc}", file=sys.stderr)
-        return 2
     except FileExistsError as exc:
         print(f"medbanana keys init: error: {exc}", file=sys.stderr)
         return 2

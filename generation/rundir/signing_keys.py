@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..extras import require
 from ..files import atomic_write_bytes
 from .signing import certificate_fingerprint
 
@@ -32,10 +33,7 @@ class KeyFiles:
 
 
 def _require_cryptography():
-    try:
-        from cryptography import x509  # noqa: F401
-    except ImportError as exc:
-        raise ImportError("`medbanana keys init` needs cryptography: pip install 'medbanana[c2pa]'") from exc
+    require("cryptography.x509", needed_for="`medbanana keys init`", extra="c2pa")
 
 
 def init_keys(folder: Path, *, name: str = "medbanana signer", organisation: str = "medbanana user",
