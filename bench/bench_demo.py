@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from medbanana.generation.commands.demo import run_demo
+from medbanana.demo import run_demo
 
 
 def main() -> None:

@@ -109,7 +109,7 @@ def builder_counts():
 def demo_run_root(tmp_path_factory) -> Path:
     """A folder holding `demo-run/` as `medbanana demo --out demo-run` leaves it (small: 1 normal and 1 diseased
     source per class at 256 px), `demo-run/dataset` built with its sources."""
-    from medbanana.generation.commands.demo import run_demo
+    from medbanana.demo import run_demo
     from medbanana.loaders import load_medbanana
 
     root = tmp_path_factory.mktemp("recipes")

@@ -12,7 +12,7 @@ PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation", "review
 # secrets (and extras); then records/taxonomy/prompts <- backends <- loop <- runners <- commands, with the run directory's
 # contract (rundir) and the sources below the runners; the builder reads run directories, evaluation reads both.
 BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "generation.files", "generation.secrets",
-        "generation.extras"}
+        "generation.extras", "generation.failures"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,
@@ -21,8 +21,11 @@ ALLOWED = {
     "generation.loop": BASE | {"generation.backends"},
     "generation.runners": BASE | {"generation.backends", "generation.loop", "generation.rundir", "generation.sources"},
     "generation.testing": BASE | {"generation.backends"},
-    "generation.commands": BASE | {"generation.backends", "generation.rundir", "generation.runners",
-                                   "generation.sources", "builder", "evaluation"},
+    "generation.commands": BASE | {"generation.backends", "generation.loop", "generation.rundir", "generation.runners",
+                                   "generation.sources"},
+    # above the stages: a command that spans two of them (generate, then build)
+    "demo": BASE | {"generation.commands", "generation.runners", "generation.rundir", "generation.backends",
+                    "builder"},
     "builder": BASE | {"generation.rundir", "package", "review.store"},
     "loaders": BASE | {"generation.rundir", "builder"},
     "medbanana_50k": {"builder"},
@@ -74,7 +77,7 @@ def _is_module(name: str) -> bool:
 
 
 def package_files() -> list[Path]:
-    files = [ROOT / "medbanana_50k.py"]
+    files = [ROOT / "medbanana_50k.py", ROOT / "demo.py"]
     for folder in PACKAGE_DIRS:
         files += sorted((ROOT / folder).rglob("*.py"))
     return files

@@ -177,7 +177,7 @@ def cmd_generate(args) -> int:
                            options=options, limit=args.limit,
                            batch={"poll_interval": args.poll_interval} if args.batch else None)
     print(summary.format())
-    from ...evaluation.failures import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
+    from .exit_codes import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
 
     return generate_exit_code(summary)
 

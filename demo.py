@@ -1,5 +1,6 @@
 """`medbanana demo`, the offline demo: synthetic sources for all three modalities, a simulator run over them, and
-the dataset built from it (no download, no key). It is a command, not a runner: it ends in the builder."""
+the dataset built from it (no download, no key). It spans two stages (generation, then the builder), so it lives
+above both, beside cli.py."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from ..files import atomic_write_json
-from ..rundir import layout
-from ..runners.generate import generate
-from ..runners.local import RunOptions, RunSummary
-from .generate import add_run_options, whole_number
+from .generation.files import atomic_write_json
+from .generation.rundir import layout
+from .generation.runners.generate import generate
+from .generation.runners.local import RunOptions, RunSummary
+from .generation.commands.generate import add_run_options, whole_number
 
 MIN_SIZE = 64  # the phantoms' anatomy and lesions are drawn in proportion; below this they are a few pixels
 
@@ -25,7 +26,7 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
 
     Rerunning on the same OUT resumes; other source options (--normal, --diseased, --size) than the folder was made
     with are refused (ValueError), since its sources are kept and the run would silently be the old one."""
-    from ..backends.simulator.phantoms import write_demo_sources
+    from .generation.backends.simulator.phantoms import write_demo_sources
 
     out = Path(out)
     sources, run_dir = out / "sources", out / "run"
@@ -43,7 +44,7 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
     if not run_manifest.exists():
         run_manifest.write_bytes(manifest.read_bytes())
     if build_dataset:
-        from ...builder.build import build
+        from .builder.build import build
 
         summary.dataset = build([run_dir], out / "dataset", source_images=sources, quiet=quiet)
         summary.dataset_dir = out / "dataset"

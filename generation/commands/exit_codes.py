@@ -1,0 +1,47 @@
+"""`medbanana generate`'s exit code: EXIT_INCOMPLETE, with the top reasons on stderr, when tasks ended api_failed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from ..failures import EXIT_INCOMPLETE, EXIT_OK, TOP, print_reasons, reason_key
+from ..rundir import layout
+
+
+def api_failures(run_dir: Path) -> list[dict]:
+    """Every api_failed task's failure (task, step, kind, error) from the run's materialised api_failures.json."""
+    found = []
+    for _, _, folder in layout.find_output_dirs(Path(run_dir)):
+        path = folder / layout.API_FAILURES
+        if path.is_file():
+            found += json.loads(path.read_text(encoding="utf-8"))
+    return found
+
+
+def failure_reasons(run_dir: Path, n: int = TOP) -> tuple[list[tuple[str, int]], int]:
+    """(the `n` most frequent "kind at step: message" reasons, how many distinct ones there are)."""
+    counts = Counter(f"{f.get('kind', 'api_error')} at {f.get('step', '?')}: {reason_key(f.get('error', ''))}"
+                     for f in api_failures(run_dir))
+    return counts.most_common(n), len(counts)
+
+
+def generate_exit_code(summary, stream=None) -> int:
+    """EXIT_INCOMPLETE, with the top reasons on stderr, when a task of the run directory ended api_failed."""
+    stream = stream or sys.stderr
+    failed = summary.statuses["api_failed"]
+    if not failed:
+        return EXIT_OK
+    total = sum(summary.statuses.values())
+    print(f"medbanana generate: {failed:,} of {total:,} tasks ended api_failed (exit code {EXIT_INCOMPLETE}); "
+          "top reasons (kind at step: message):", file=stream)
+    reasons, distinct = failure_reasons(summary.run_dir)
+    if reasons:
+        print_reasons(reasons, total_kinds=distinct, stream=stream)
+    else:  # the JSON files were not materialised (an interrupted close): the kinds at least
+        print_reasons(summary.error_kinds.most_common(TOP), stream=stream)
+    print(f"retry them with: medbanana generate --retry-failed {summary.run_dir} (a source error needs its file "
+          "fixed first)", file=stream)
+    return EXIT_INCOMPLETE

@@ -1,0 +1,61 @@
+"""Exit codes of the commands, and the grouping of failure messages into the top reasons they print to stderr
+(`medbanana generate`: commands/exit_codes.py; `medbanana eval`: evaluation/failures.py).
+
+    0  generate: every task finished, accepted or failed after its rounds (a judged failure is a result).
+       eval: at least one sample was scored (and judged, with a judge); failed samples are counted on stderr.
+    2  a user error: bad options, an unknown disease, a folder made with other settings (cli.main).
+    3  generate: some tasks ended api_failed (API errors, unreadable sources); `--retry-failed RUN_DIR` retries
+       them. eval: no sample could be scored, or a judge was asked for and no sample got a verdict.
+    4  generate: a process of the run died (a --workers child, a Ray shard after its retries; runners/processes.py).
+   75  another process holds the run directory's or output folder's lock (generation/lock.py); try again later.
+  130  interrupted (Ctrl-C); finished work is kept.
+(`verify` has its own: 1 when a file does not match.)
+
+Failure messages name files and objects, so they are grouped by a form with paths and addresses left out.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
+TOP = 5  # reasons printed
+
+
+def reason_key(message: str, limit: int = 160) -> str:
+    """A failure message with what differs per sample left out: file paths and memory addresses.
+
+    >>> reason_key("file not found: source /data/x/cxr-001.png; edited out/cxr-001.png")
+    'file not found: source …; edited …'
+    >>> reason_key("cannot identify image file <_io.BytesIO object at 0x7f3a2c>")
+    'cannot identify image file <_io.BytesIO object at 0x…>'
+    """
+    text = re.sub(r"\b0x[0-9a-fA-F]+\b", "0x…", str(message))
+    text = re.sub(r"""[^\s'"<>;,()]*[/\\][^\s'"<>;,()]*""", _path_or_token, text)
+    text = re.sub(r"\s+", " ", text).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _path_or_token(match: re.Match) -> str:
+    # "and/or" and "image/png" are words; a path starts at a root, has two separators or ends in an extension
+    token = match.group(0)
+    is_path = (token[0] in "/\\~." or re.match(r"[A-Za-z]:", token) or len(re.findall(r"[/\\]", token)) > 1
+               or re.search(r"\.\w{1,5}$", token))
+    return "…" if is_path else token
+
+
+def top_reasons(messages, n: int = TOP) -> list[tuple[str, int]]:
+    """The `n` most frequent reasons among `messages`, as (reason, count)."""
+    return Counter(reason_key(m) for m in messages if m).most_common(n)
+
+
+def print_reasons(reasons: list[tuple[str, int]], *, total_kinds: int | None = None, stream=None) -> None:
+    stream = stream or sys.stderr
+    for reason, count in reasons:
+        print(f"  {count:>6,}  {reason}", file=stream)
+    if total_kinds is not None and total_kinds > len(reasons):
+        print(f"  ({total_kinds - len(reasons)} more reasons)", file=stream)
