@@ -149,7 +149,7 @@ def _samples(args, attempts: str):
 
     config = args.config or (args.default_config if input_kind(args.input) == "dataset" else None)
     return lambda: open_samples(args.input, config=config, split=args.split, edits=getattr(args, "edits", None),
-                                source_images=args.source_images, attempts=attempts)
+                                source_images=args.source_images, attempts=attempts, follow_recorded_sources=False)
 
 
 def run_eval(args) -> int:

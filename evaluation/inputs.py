@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +103,11 @@ def input_kind(path: Path) -> str:
 
 
 def open_samples(path: Path, *, config: str | None = None, split: str | None = None, edits: Path | None = None,
-                 source_images: Path | None = None, attempts: str = "accepted") -> Iterator[Sample]:
-    """The samples of any input; errors about the input itself are raised here, before the first sample."""
+                 source_images: Path | None = None, attempts: str = "accepted",
+                 follow_recorded_sources: bool = True) -> Iterator[Sample]:
+    """The samples of any input; errors about the input itself are raised here, before the first sample.
+    `follow_recorded_sources`: for a run without `source_images`, use the sources folder it records, with a
+    warning naming it (the `medbanana eval` command passes False: the user confirms it with --source-images)."""
     path = Path(path)
     kind = input_kind(path)
     if kind == "manifest":
@@ -115,7 +119,7 @@ def open_samples(path: Path, *, config: str | None = None, split: str | None = N
     else:
         if config is not None:
             raise ValueError(f"{path} is a run directory: --config applies to built datasets")
-        samples = run_samples(path, source_images, attempts)
+        samples = run_samples(path, source_images, attempts, follow_recorded_sources)
     if edits is not None:
         edits = Path(edits)
         if not edits.is_dir():
@@ -218,29 +222,40 @@ def _row_sample(row: dict, config: str, names: set, sources: SourceIndex | None)
 
 # ---------------------------------------------------------------- run directories
 
-def run_samples(run_path: Path, source_images: Path | None, attempts: str) -> Iterator[Sample]:
-    """Without `source_images` the samples keep their recorded verdicts (what `judge-agreement` compares with
-    human labels) and each has `sources_notice` as its problem: a recorded sources folder is never followed."""
+def run_samples(run_path: Path, source_images: Path | None, attempts: str,
+                follow_recorded_sources: bool = True) -> Iterator[Sample]:
+    """Without `source_images` (and the recorded folder not followed, or none) the samples keep their recorded
+    verdicts (what `judge-agreement` compares with human labels) and each has `sources_notice` as its problem."""
     if attempts not in ("accepted", "all"):
         raise ValueError(f"attempts is 'accepted' or 'all', not {attempts!r}")
     units = discover_units(run_path)
+    recorded = recorded_sources(run_path) if source_images is None and follow_recorded_sources else None
+    if recorded is not None and Path(recorded).is_dir():
+        warnings.warn(f"{run_path}: no source images given; using the folder the run records, {recorded!r} "
+                      "(sources_root in medbanana-run.json, a path from the machine that made it)", stacklevel=3)
+        source_images = Path(recorded)
     if source_images is not None:
         return _run_attempts(units, SourceIndex(source_images), attempts)
     return _run_attempts(units, None, attempts, sources_notice(run_path))
 
 
-def sources_notice(run_path: Path) -> str:
-    """Why a run's samples have no source image without --source-images, naming the folder the run records (a
-    hint: the user confirms it by passing it), read only from a medbanana-run.json inside the run given whole."""
-    recorded = None
+def recorded_sources(run_path: Path) -> str | None:
+    """The sources folder a run records (`sources_root` in medbanana-run.json), read only from a run given whole
+    and a medbanana-run.json inside it; None when there is none. A hint from the machine that made the run."""
     run_path = Path(run_path)
     try:
         config = inside(run_path, layout.RUN_CONFIG, f"the run directory {run_path}") if run_path.is_dir() else None
-        if config is not None and config.is_file():
-            recorded = json.loads(config.read_bytes()).get("sources_root")
+        recorded = json.loads(config.read_bytes()).get("sources_root") if config and config.is_file() else None
     except (Refused, ValueError, AttributeError, OSError):  # linked out, not JSON, not an object: no hint
-        recorded = None
-    if isinstance(recorded, str) and recorded:
+        return None
+    return recorded if isinstance(recorded, str) and recorded else None
+
+
+def sources_notice(run_path: Path) -> str:
+    """Why a run's samples have no source image without --source-images, naming the folder the run records: a
+    hint, which the user confirms by passing it."""
+    recorded = recorded_sources(run_path)
+    if recorded:
         return (f"{run_path}: no --source-images given; the run records its sources folder as {recorded!r} "
                 "(sources_root in medbanana-run.json), a path from the machine that made it, which is not followed: "
                 f"pass --source-images {recorded} to confirm it, or another folder")

@@ -163,6 +163,12 @@ def test_a_recorded_sources_root_is_named_not_followed(run, tmp_path, capsys):
     assert code == 0, err
     assert all(r["status"] == "ok" for r in eval_records(out).values())
 
+    from medbanana.evaluation.inputs import open_samples  # what `review` reads: it still uses it, said each time
+    with pytest.warns(UserWarning, match="sources_root"):
+        assert all(s.problem is None for s in open_samples(run))
+    strict = list(open_samples(run, follow_recorded_sources=False))
+    assert strict and all("not followed" in s.problem and s.source is None for s in strict)
+
 
 def test_attach_sources_ignores_a_source_path_naming_a_file_outside(run, tmp_path, capsys):
     from datasets import load_dataset
