@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .card import build_info, refused_note, render_card
+from .card import build_info, coerced_note, refused_note, render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES, REVIEW_CONFIG
 from .manifest import write_manifest
 from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, remove_stale_staging,
@@ -122,7 +122,8 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             info.update({"reviews": reviewed} if reviewed else {})
             (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
             note = (f"Built by medbanana {info['medbanana_version']} with datasets {info['datasets_version']}; "
-                    f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{refused_note(stats)}")
+                    f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{refused_note(stats)}"
+                    f"{coerced_note(stats)}")
             card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
                                max_rounds=max_rounds, test_fraction=test_fraction,
                                sources=sources, build_note=note, figure=figure,
@@ -267,7 +268,7 @@ def _finalize(folder: Path, configs: tuple[str, ...], splits: list[str], digests
 
 def _signing(units: list[Unit]) -> dict[str, int]:
     """Certificate fingerprint -> runs that signed their images with it (C2PA), for the card."""
-    fingerprints = [recorded_signing(run_dir) for run_dir in sorted({u.run_dir for u in units})]
+    fingerprints = [recorded_signing(run_dir) for run_dir in _whole_runs(units)]
     return dict(sorted(Counter(f for f in fingerprints if f).items()))
 
 
@@ -275,8 +276,13 @@ def _max_rounds(units: list[Unit], stats: BuildStats | None) -> int:
     """The card's round limit: the largest a run recorded (policy skip, `stats`: a refused file is recorded)."""
     refused = (lambda exc: stats.add_refusal(exc, task_left_out=False)) if stats is not None else None
     try:
-        found = [recorded_max_rounds(run_dir, refused) for run_dir in sorted({u.run_dir for u in units})]
+        found = [recorded_max_rounds(run_dir, refused) for run_dir in _whole_runs(units)]
     except ValueError as exc:
         raise BuildError(error_line(exc)) from None
     return max((n for n in found if n is not None), default=DEFAULT_MAX_ROUNDS)
 
+
+def _whole_runs(units: list[Unit]) -> list[Path]:
+    """The runs given whole, whose own files (medbanana-run.json) may be read: given one `{D}-edit` folder, its run's
+    files lie outside what was named."""
+    return sorted({u.run_dir for u in units if u.scope is None})

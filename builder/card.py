@@ -258,6 +258,16 @@ def refused_note(stats: BuildStats) -> str:
             f"{stats.refused_tasks:,} task(s); each is listed under stats.refused in {BUILD_INFO}.")
 
 
+def coerced_note(stats: BuildStats) -> str:
+    """The card's sentence on judge values read as booleans though they were not one (empty when none were)."""
+    coerced = stats.coerced()
+    if not coerced:
+        return ""
+    fields = ", ".join(f"{n['count']:,} `{name}`" for name, n in coerced.items())
+    return (f" Judge values that were neither a boolean nor a yes/no word were read as booleans: {fields}; "
+            f"listed under stats.coerced in {BUILD_INFO}.")
+
+
 def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, max_shard_bytes,
                sources: dict | None, figure: str | None, unsafe: str = "error") -> dict:
     """What medbanana-build.json holds: versions, runs, options, rows and files per config, statistics."""

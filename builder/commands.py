@@ -18,7 +18,8 @@ def register(subparsers) -> None:
                     "statistics, medbanana-build.json and a SHA256SUMS manifest. Load it with "
                     "datasets.load_dataset(FOLDER, CONFIG).")
     build.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                       help="run directory, one {D}-edit / {D}-remove folder, or a .jsonl of §5.2 records")
+                       help="run directory, one {D}-edit / {D}-remove folder (then only it and its -failed "
+                            "sibling are read), or a .jsonl of §5.2 records")
     build.add_argument("--out", required=True, type=Path, metavar="DIR",
                        help="output folder: new, empty, or an earlier build, which is replaced when done (only the "
                             "files builds write; anything else in it, or an input run inside it, is refused)")
@@ -123,6 +124,11 @@ def run_build(args) -> int:
         print(f"warning: {refused['count']} input(s) refused and left out ({refused['tasks_left_out']} task(s)), "
               f"e.g. {refused['items'][0]}; all are listed under stats.refused in "
               f"{args.out / 'medbanana-build.json'}", file=sys.stderr)
+    for name, coerced in info["stats"]["coerced"].items():  # one line per field
+        read_as = ", ".join(f"{value} as {str(as_bool).lower()}" for value, as_bool in coerced["examples"].items())
+        print(f"warning: {coerced['count']:,} judge value(s) of '{name}' were not true/false and were read as "
+              f"booleans (e.g. {read_as}); counted under stats.coerced in {args.out / 'medbanana-build.json'}",
+              file=sys.stderr)
     return 0
 
 

@@ -22,13 +22,15 @@ Images = dict[str, dict | None]  # run-relative path -> image value (None: file 
 def load_images(task: TaskRecord, confined: Confined | None = None) -> Images:
     """Every attempt image of a task, read once, as stored on disk (no decoding).
 
-    Each is read only from inside the run and only when it is a JPEG or PNG image; otherwise `safety.Refused`
-    is raised naming the file and the entry that named it. `confined` shares resolved folders between tasks."""
+    Each is read only from inside the folder the user named (the run, or `task.scope`) and only when it is a JPEG
+    or PNG image; otherwise `safety.Refused` is raised naming the file and the entry that named it. `confined`
+    shares resolved folders between tasks."""
     confined = confined or Confined()
     images: Images = {}
     for attempt in task.attempts:
         if attempt.image and attempt.image not in images:
-            images[attempt.image] = confined.read_image(task.run_dir, attempt.image, lambda a=attempt: _named(task, a))
+            images[attempt.image] = confined.read_image(task.run_dir, attempt.image, lambda a=attempt: _named(task, a),
+                                                        task.scope)
     return images
 
 

@@ -31,10 +31,10 @@ _NEXT_KEY = re.compile(rb"\s*,\s*" + _STRING + rb"\s*:\s*")
 _END = re.compile(rb"\s*\}\s*\Z")
 
 
-def load(run_dir: Path, relative: str, named_by: str):
+def load(run_dir: Path, relative: str, named_by: str, scope: str | None = None):
     """The bytes of a JSON file inside the run (a read-only mapping, or b"" when empty); None when absent.
-    Raises Refused when the path leads outside the run (a symlink)."""
-    path = inside(run_dir, relative, named_by)
+    Raises Refused when the path leads outside the run, or outside `scope` (`safety.inside`), e.g. by a symlink."""
+    path = inside(run_dir, relative, named_by, scope)
     if not path.is_file():
         return None
     with open(path, "rb") as fh:

@@ -4,8 +4,10 @@ image-only folder) and that of a built dataset's `conversations` rows.
 Each entry is checked before it becomes a `TaskRecord`, so that nothing malformed reaches the rows: `task` is add
 or remove, a status is known, round numbers are distinct, a success names one of its rounds, `edit_result.success`
 is a boolean (or "true"/"false"), numbers fit their columns, and every image path the entry implies (from
-`dataset`, `source_id`, the task key, the disease) or records (`final_image`) stays inside the run. A bad entry is
-a `safety.Refused` naming the file, the entry and the field; the caller's policy raises it or records it.
+`dataset`, `source_id`, the task key, the disease) or records (`final_image`) stays inside the folder the user
+named. Entries whose files disagree are refused too: a `success_round` whose edit failed (no image to accept), a
+success in progress.json with no entry in all_conversations.json. A bad entry is a `safety.Refused` naming the
+file, the entry and the field; the caller's policy raises it or records it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..generation.taxonomy import DIRECTIONS, load_taxonomy
 from . import run_json
 from ..generation.rundir import schema
 from .runs import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_modality
-from .safety import MALFORMED, Confined, Refused, handle
+from .safety import INCONSISTENT, MALFORMED, Confined, Refused, handle
 
 STATUSES = ("success", "failed", "api_failed")
 _NO_ROUND = object()  # equal to no round number: a task that is not a success accepts none
@@ -31,7 +33,7 @@ _INT32 = 2**31
 def read_json_unit(unit: Unit, part: int, parts: int, confined: Confined, refused) -> list[TaskRecord]:
     folder = unit.path.relative_to(unit.run_dir).as_posix()
     named_by = f"the run directory {unit.run_dir}"
-    files = {name: (unit.path / name, run_json.load(unit.run_dir, f"{folder}/{name}", named_by))
+    files = {name: (unit.path / name, run_json.load(unit.run_dir, f"{folder}/{name}", named_by, unit.scope))
              for name in (layout.ALL_CONVERSATIONS, layout.PROGRESS, layout.API_FAILURES)}
     conv_path, data = files[layout.ALL_CONVERSATIONS]
     # a whole file read by one partition is decoded in one pass; a block of it (or a file with a malformed
@@ -52,6 +54,9 @@ def read_json_unit(unit: Unit, part: int, parts: int, confined: Confined, refuse
             if raw is None:
                 failure = failures.get(key)
                 origin = (prog_path, key)
+                if status == "success":  # its rounds and accepted image are unknown: not a success to publish
+                    raise Refused(f"{_where(origin)}: status 'success' but {layout.ALL_CONVERSATIONS} has no entry "
+                                  "for it (no rounds, no accepted edit)", INCONSISTENT)
                 disease = (failure.disease if failure else None) or _disease_from_key(key, origin)
                 tasks.append(_new_task(unit, key, disease, status, schema.Conversation(), failure, origin,
                                        fail_path))
@@ -80,7 +85,7 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
     _check_rounds(task, numbers)
     # Run for every attempt of a release (~280,000): the common case of each check is tested inline, and the
     # helpers (which name the round in a refusal) are called only otherwise.
-    run_dir = unit.run_dir
+    run_dir, scope = unit.run_dir, unit.scope
     dataset, direction, source_id = task.dataset, task.direction, task.source_id
     accepted_round = task.success_round if status == "success" else _NO_ROUND
     for number, raw in zip(numbers, rounds):
@@ -96,7 +101,10 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
         image = None
         if edited:
             image = layout.attempt_image_relpath(dataset, direction, source_id, disease, number, accepted)
-            confined.check(run_dir, image, where)
+            confined.check(run_dir, image, where, scope)
+        elif accepted:
+            raise Refused(f"{task.origin}: field 'success_round' is {number}, but round {number}'s edit failed "
+                          "(edit_result.success is false): there is no image to accept", INCONSISTENT)
         seconds = raw.seconds
         if seconds is not None and seconds.__class__ is not float:
             seconds = _seconds(seconds, where)
@@ -110,7 +118,7 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
             seconds=seconds))
     task.final_prompt = entry.final_prompt
     if entry.final_image:  # recorded in the conversations rows, so held to the same rule as the images read
-        confined.check(unit.run_dir, entry.final_image, lambda: f"{task.origin}, field 'final_image'")
+        confined.check(unit.run_dir, entry.final_image, lambda: f"{task.origin}, field 'final_image'", scope)
     task.final_image = entry.final_image or _final_image(task)
     return task
 
@@ -139,7 +147,7 @@ def _new_task(unit: Unit, key: str, disease: str, status: str | None, entry: sch
         direction=direction, source_id=source_id, status=status, source_path=entry.source_path,
         source_sha256=entry.source_sha256, models=msgspec.structs.asdict(entry.models) if entry.models else None,
         seed=entry.seed, api_failure=api_failure,
-        origin_file=origin[0], origin_entry=origin[1])
+        origin_file=origin[0], origin_entry=origin[1], scope=unit.scope)
 
 
 def _add_attempt(task: TaskRecord, attempt: AttemptRecord) -> None:
@@ -160,7 +168,7 @@ def _final_image(task: TaskRecord) -> str | None:
 
 def read_records_unit(unit: Unit, part: int, parts: int, confined: Confined, refused) -> list[TaskRecord]:
     named_by = f"the run directory {unit.run_dir}"
-    data = run_json.load(unit.run_dir, unit.path.relative_to(unit.run_dir).as_posix(), named_by)
+    data = run_json.load(unit.run_dir, unit.path.relative_to(unit.run_dir).as_posix(), named_by, unit.scope)
     lines = [(n, line) for n, line in enumerate(iter(data.readline, b""), 1) if line.strip()] if data else []
     tasks = []
     for line_no, line in block_of(lines, part, parts):
@@ -187,7 +195,7 @@ def _task_from_record(unit: Unit, line_no: int, line: bytes, confined: Confined)
     task = TaskRecord(uid=task_uid(dataset, direction, source_id, disease), run_dir=unit.run_dir, dataset=dataset,
                       modality=rec.modality or infer_modality(dataset, disease), disease=disease,
                       direction=direction, source_id=source_id, status=status, success_round=rec.success_round,
-                      origin_file=unit.path, origin_entry=line_no)
+                      origin_file=unit.path, origin_entry=line_no, scope=unit.scope)
     _check_rounds(task, [raw.round for raw in rec.rounds])
     for raw in rec.rounds:
         accepted = status == "success" and raw.round == task.success_round
@@ -196,7 +204,7 @@ def _task_from_record(unit: Unit, line_no: int, line: bytes, confined: Confined)
 
         _check_score(raw.verdict, at_round)
         image = layout.attempt_image_relpath(dataset, direction, source_id, disease, raw.round, accepted)
-        confined.check(unit.run_dir, image, at_round)
+        confined.check(unit.run_dir, image, at_round, unit.scope)
         _add_attempt(task, AttemptRecord(
             round=raw.round, instruction=raw.instruction, verdict=raw.verdict, accepted=accepted,
             judge_thinking_json=raw.verdict.thinking_summary if raw.verdict else None, image=image))

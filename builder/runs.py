@@ -17,9 +17,12 @@ machine that made the run. JSON is decoded with msgspec into the Structs of `run
 faster than `json` on these files, and only the fields used are kept); `run_json` reads the files, `run_readers`
 turns entries into records.
 
-Nothing is read from outside the run: folders, JSON files and image-only listings found here, and every image
-path an entry implies, go through `layout.inside` (via `safety`); an input that fails is a `safety.Refused`,
-raised, or handed to the caller's `refused` function to be recorded (the build's `--unsafe skip`).
+Nothing is read from outside the folder the user named: folders, JSON files and image-only listings found here,
+and every image path an entry implies, go through `layout.inside` (via `safety`); an input that fails is a
+`safety.Refused`, raised, or handed to the caller's `refused` function to be recorded (the build's `--unsafe skip`).
+When the user names one output folder (`RUN/{D}-edit`) rather than its run, paths keep their run-relative form
+(`{D}-edit/...`) but must stay in that folder or its `-failed` sibling (the unit's and task's `scope`); the run's
+own files (medbanana-run.json) are then not read.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class TaskRecord(msgspec.Struct, gc=False):
     seed: int | None = None
     origin_file: Path | None = None  # the file that named the task, for messages: JSON, records or image folder
     origin_entry: str | int | None = None  # its task key, or line number in a records file
+    scope: str | None = None  # the output folder the user named, when not the whole run (see the module's note)
 
     accepted: AttemptRecord | None = None  # the accepted attempt, also in `attempts`
 
@@ -107,6 +111,7 @@ class Unit:
     dataset: str | None = None
     direction: str | None = None
     classes: tuple[str, ...] = ()  # image-only units: the class folders that passed the containment rule
+    scope: str | None = None  # the output folder the user named, when not the whole run: paths must stay in it
 
     @property
     def label(self) -> str:
@@ -116,7 +121,8 @@ class Unit:
 def discover_units(run_path: Path, refused=None) -> list[Unit]:
     """Everything readable in a run directory (or a records file, or a single `{D}-edit` folder).
 
-    A folder or JSON file that leads outside the run (a symlink) is refused: raised, or passed to `refused`."""
+    A folder or JSON file that leads outside what was named (a symlink) is refused: raised, or passed to
+    `refused`. Given one `{D}-edit` folder, its units' paths must stay in it (or its `-failed` sibling)."""
     run_path = Path(run_path)
     if run_path.is_file():
         if run_path.suffix != ".jsonl":
@@ -132,15 +138,15 @@ def discover_units(run_path: Path, refused=None) -> list[Unit]:
         except Refused as exc:
             handle(exc, refused)
     own = layout.parse_output_dir(run_path.name)
-    if own and _has_json(run_path):  # pointed at one output folder
+    if own and _has_json(run_path):  # pointed at one output folder: it is the root, not its run
         found = [(*own, run_path)]
-        root = run_path.parent
+        root, scope = run_path.parent, run_path.name
     else:
-        found, root = layout.find_output_dirs(run_path), run_path
+        found, root, scope = layout.find_output_dirs(run_path), run_path, None
     units = []
     for dataset, direction, path in found:
         try:
-            unit = _unit(root, dataset, direction, path, refused)
+            unit = _unit(root, dataset, direction, path, refused, scope)
         except Refused as exc:
             handle(exc, refused)
             continue
@@ -152,22 +158,23 @@ def discover_units(run_path: Path, refused=None) -> list[Unit]:
     return units
 
 
-def _unit(root: Path, dataset: str, direction: str, path: Path, refused) -> Unit | None:
+def _unit(root: Path, dataset: str, direction: str, path: Path, refused, scope: str | None = None) -> Unit | None:
     listing = f"the listing of {root}"
-    inside(root, path.name, listing)  # a {D}-edit folder that is a symlink out of the run
+    if scope is None:  # a {D}-edit folder that is a symlink out of the run (one the user named is the root)
+        inside(root, path.name, listing)
     if _has_json(path):
         for name in (layout.ALL_CONVERSATIONS, layout.PROGRESS, layout.API_FAILURES):
             if os.path.lexists(path / name):
-                inside(root, f"{path.name}/{name}", listing)
-        return Unit("json", root, path, dataset, direction)
+                inside(root, f"{path.name}/{name}", listing, scope)
+        return Unit("json", root, path, dataset, direction, scope=scope)
     classes = []
     for class_dir in sorted(p for p in path.iterdir() if p.is_dir()):
         try:  # checked before it is listed: a class folder linked elsewhere would name outside files
-            inside(root, f"{path.name}/{class_dir.name}", f"the listing of {path}")
+            inside(root, f"{path.name}/{class_dir.name}", f"the listing of {path}", scope)
             classes.append(class_dir.name)
         except Refused as exc:
             handle(exc, refused)
-    unit = Unit("images", root, path, dataset, direction, tuple(classes))
+    unit = Unit("images", root, path, dataset, direction, tuple(classes), scope)
     return unit if any(image_files(unit)) else None
 
 

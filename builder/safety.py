@@ -21,6 +21,7 @@ POLICIES = ("error", "skip")
 OUTSIDE = "outside its root"  # kinds of refusal, as counted in the build's statistics
 NOT_IMAGE = "not an image"
 MALFORMED = "malformed entry"
+INCONSISTENT = "inconsistent entry"  # well-formed, but its files disagree (a success whose accepted edit failed, ...)
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -47,10 +48,14 @@ def handle(exc: Refused, refused) -> None:
     refused(exc)
 
 
-def inside(root: Path, relative: str, named_by: str) -> Path:
-    """`layout.inside`, with its UnsafePath told as a refusal."""
+def inside(root: Path, relative: str, named_by: str, scope: str | None = None) -> Path:
+    """`layout.inside`, with its UnsafePath told as a refusal. `scope`: the output folder of `root` the user named
+    (`{D}-edit`) when a build or evaluation was given that folder rather than its run: the path must then stay in
+    it or its `-failed` sibling (`layout.inside_named_folder`)."""
     try:
-        return layout.inside(root, relative, named_by=named_by)
+        if scope is None:
+            return layout.inside(root, relative, named_by=named_by)
+        return layout.inside_named_folder(root, scope, relative, named_by=named_by)
     except layout.UnsafePath as exc:
         raise Refused(str(exc), OUTSIDE) from None
 
@@ -61,56 +66,58 @@ class Confined:
     Resolving a path costs ~60 µs and a run has hundreds of thousands of images in a few dozen folders: the rule
     is applied once per folder (cached for this object's life, one unit or one source folder), and to the whole
     path whenever the file itself is a symlink (opening it with O_NOFOLLOW tells) or its name is `.`/`..`.
+    Every method takes the `scope` of `inside`: None, or the output folder the user named.
     """
 
     def __init__(self):
-        self._folders: dict[tuple[Path, str], Path | None] = {}
-        # (root, its folders found inside it) for the root last checked: `check`'s fast path, for every attempt of
-        # a unit; one attribute, so that a thread never sees one root with another's folders
-        self._last: tuple[Path | None, set[str]] = (None, set())
+        self._folders: dict[tuple[Path, str | None, str], Path | None] = {}
+        # (root, scope, its folders found inside it) for the root last checked: `check`'s fast path, for every
+        # attempt of a unit; one attribute, so that a thread never sees one root with another's folders
+        self._last: tuple[Path | None, str | None, set[str]] = (None, None, set())
 
-    def path(self, root: Path, relative: str, named_by) -> Path:
+    def path(self, root: Path, relative: str, named_by, scope: str | None = None) -> Path:
         """The path with its folder resolved, required inside `root`; the file itself may still be a symlink.
         `named_by`: a text, or a function giving it (built only for a refusal)."""
-        real = self._folder(root, relative)
+        real = self._folder(root, relative, scope)
         if real is None:
-            return inside(root, relative, _text(named_by))
+            return inside(root, relative, _text(named_by), scope)
         return real / relative.rpartition("/")[2]
 
-    def check(self, root: Path, relative: str, named_by) -> None:
+    def check(self, root: Path, relative: str, named_by, scope: str | None = None) -> None:
         """Raise Refused unless `relative` stays inside `root`, for a path that is recorded, not read (a read
         checks the file itself too)."""
         folder, _, leaf = relative.rpartition("/")
-        last_root, folders = self._last
-        if root is last_root and folder in folders and leaf not in ("", ".", "..") and "\x00" not in leaf:
+        last_root, last_scope, folders = self._last
+        if root is last_root and scope == last_scope and folder in folders and leaf not in ("", ".", "..") \
+                and "\x00" not in leaf:
             return
-        if self._folder(root, relative) is None:
-            inside(root, relative, _text(named_by))
+        if self._folder(root, relative, scope) is None:
+            inside(root, relative, _text(named_by), scope)
         else:  # an ordinary name in a folder inside the root
-            if root is not last_root:
+            if root is not last_root or scope != last_scope:
                 folders = set()
-                self._last = (root, folders)
+                self._last = (root, scope, folders)
             folders.add(folder)
 
-    def _folder(self, root: Path, relative: str) -> Path | None:
+    def _folder(self, root: Path, relative: str, scope: str | None) -> Path | None:
         """The resolved folder of `relative` when it is inside `root` and the file's name is an ordinary one;
         None when the whole path must go through the rule."""
         folder, _, leaf = relative.rpartition("/")
         if not folder or leaf in ("", ".", "..") or "\x00" in leaf:
             return None
-        key = (root, folder)
+        key = (root, scope, folder)
         real = self._folders.get(key, key)
         if real is key:
             try:
-                real = layout.inside(root, folder)
-            except layout.UnsafePath:
+                real = inside(root, folder, "", scope)
+            except Refused:
                 real = None
             self._folders[key] = real
         return real
 
-    def read(self, root: Path, relative: str, named_by) -> bytes | None:
+    def read(self, root: Path, relative: str, named_by, scope: str | None = None) -> bytes | None:
         """The bytes of a regular file inside `root`, or None when there is none at that path."""
-        path = self.path(root, relative, named_by)
+        path = self.path(root, relative, named_by, scope)
         try:
             fd = _open(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -121,7 +128,7 @@ class Confined:
             fd = None
         if fd is None:  # a symlink: followed only when its target is inside the root too
             try:
-                fd = os.open(inside(root, relative, _text(named_by)), _OPEN_FLAGS)
+                fd = os.open(inside(root, relative, _text(named_by), scope), _OPEN_FLAGS)
             except (FileNotFoundError, NotADirectoryError):
                 return None
         with open(fd, "rb") as fh:
@@ -129,10 +136,10 @@ class Confined:
                 return None  # a folder or a device named like an image: as good as missing
             return fh.read()
 
-    def read_image(self, root: Path, relative: str, named_by) -> dict | None:
+    def read_image(self, root: Path, relative: str, named_by, scope: str | None = None) -> dict | None:
         """`{"bytes", "path"}` for an Image column, the bytes as they are; None when the file is missing.
         Raises Refused when the path leads outside `root` or the bytes are not a JPEG or PNG image."""
-        data = self.read(root, relative, named_by)
+        data = self.read(root, relative, named_by, scope)
         if data is None:
             return None
         problem = image_problem(data)

@@ -10,13 +10,16 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..generation.records import as_bool
+from ..generation.records import FALSE_WORDS, TRUE_WORDS, as_bool
 from ..generation.rundir.provenance import read_mark
 from .reasons import count_phrases
 from .runs import TaskRecord
 from .sources import looked_for
 
 DIMENSIONS = ("compliance", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
+# the judge's boolean fields in the order of a `verdicts` key (after its is-add flag)
+VERDICT_BOOLEANS = ("has_disease", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
+COERCED_EXAMPLES = 5
 MISSING_EXAMPLES = 20
 TOP_REASONS_JSON = 50
 UNMARKED = "none"  # image_marks key of an image without a DigitalSourceType mark
@@ -116,6 +119,20 @@ class BuildStats:
                     passes[name] += n * value
         return {name: (passes[name], judged[name]) for name in DIMENSIONS}
 
+    def coerced(self) -> dict[str, dict]:
+        """Judge fields whose values were not booleans nor a yes/no word (e.g. "maybe", 7, "high") and were read as
+        booleans anyway (`records.as_bool`): field -> {count: attempts, examples: {value as written: read as}}.
+        From the `verdicts` patterns already counted: nothing is added to the per-attempt loop."""
+        found: dict[str, dict] = {}
+        for (_add, *values), n in sorted(self.verdicts.items(), key=lambda kv: tuple(map(repr, kv[0]))):
+            for name, value in zip(VERDICT_BOOLEANS, values):
+                if _coerced(value):
+                    entry = found.setdefault(name, {"count": 0, "examples": {}})
+                    entry["count"] += n
+                    if len(entry["examples"]) < COERCED_EXAMPLES:
+                        entry["examples"][repr(value)[:60]] = as_bool(value)
+        return dict(sorted(found.items()))
+
     def merge(self, other: "BuildStats") -> None:
         for name, value in vars(other).items():
             mine = getattr(self, name)
@@ -181,7 +198,18 @@ class BuildStats:
             "source_missing_examples": self.source_missing_examples,
             "refused": {"count": len(self.refusals), "tasks_left_out": self.refused_tasks,
                         "by_reason": dict(sorted(self.refused.items())), "items": sorted(self.refusals)},
+            "coerced": self.coerced(),
         }
+
+
+def _coerced(value) -> bool:
+    """Whether a judge's boolean field was written as something `as_bool` can only guess at: not None, a boolean,
+    a yes/no word (TRUE_WORDS, FALSE_WORDS) or the number 0 or 1."""
+    if value is None or value.__class__ is bool:
+        return False
+    if isinstance(value, str):
+        return value.strip().lower() not in TRUE_WORDS | FALSE_WORDS
+    return value not in (0, 1)
 
 
 def _source_type(data: bytes) -> str:

@@ -88,7 +88,8 @@ def _add_input_options(p, default_config: str = "sft") -> None:
                    help=f"config of a built dataset to read (default {default_config})")
     g.add_argument("--split", metavar="SPLIT", help="split of a built dataset (default: all)")
     g.add_argument("--source-images", type=Path, metavar="DIR",
-                   help="source images ({D}/normal, {D}/{Disease} layout) when the dataset or run lacks them")
+                   help="source images ({D}/normal, {D}/{Disease} layout) when the dataset or run lacks them; "
+                        "required to score a run: the sources folder a run records is named, never followed")
     p.set_defaults(default_config=default_config)
 
 
@@ -148,10 +149,14 @@ def _samples(args, attempts: str):
 
     config = args.config or (args.default_config if input_kind(args.input) == "dataset" else None)
     return lambda: open_samples(args.input, config=config, split=args.split, edits=getattr(args, "edits", None),
-                                source_images=args.source_images, attempts=attempts)
+                                source_images=args.source_images, attempts=attempts, follow_recorded_sources=False)
 
 
 def run_eval(args) -> int:
+    from .inputs import input_kind, sources_notice
+
+    if args.source_images is None and input_kind(args.input) == "run":  # a run holds no sources to score with
+        raise ValueError(sources_notice(args.input))
     attempts = "all" if args.all_attempts else "accepted"
     make_samples = _samples(args, attempts)
     samples = make_samples()  # input errors surface here, before anything is written

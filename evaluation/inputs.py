@@ -14,9 +14,13 @@
    or display names (``medbanana taxonomy``).
 2. A folder written by ``medbanana build`` and one of its configs holding source and edited images (sft,
    failed, judge); source images come from the rows, or from ``source_images`` when the build left them out.
-3. A run directory, ours or the original scripts' layout (read by ``builder.runs``): the accepted edits, or every
-   attempt that produced an image; sources from ``source_images`` or the run's recorded sources folder.
+3. A run directory (or one ``{D}-edit`` folder of it), ours or the original scripts' layout (read by
+   ``builder.runs``): the accepted edits, or every attempt that produced an image; sources from ``source_images``.
+   The sources folder a run records (``sources_root`` in medbanana-run.json) is a path written on the machine that
+   made the run: it is named in the message, never followed (`sources_notice`).
 
+Images a run's data names (attempt images, sources looked up by task, model outputs by uid) are read only from inside
+the folder the user named (``builder.safety``); one that leads outside is that sample's error, never read.
 With ``edits`` (dataset and run inputs), the edit scored is a model's output ``EDITS/<uid>.png|.jpg|.jpeg`` and
 the dataset's or run's edit becomes the ground truth. Sample ids of dataset and run inputs are ``<uid>#<round>``
 (the bare uid where the round is unknown).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,7 @@ from ..builder import CONFIG_NAMES
 from ..builder.output import BUILD_INFO
 from ..builder.rows import canonical_prompt
 from ..builder.runs import discover_units, read_tasks
+from ..builder.safety import Refused, inside
 from ..builder.sources import SourceIndex
 from ..generation.records import VERDICT_FIELDS, decode_rgb, verdict_values
 from ..generation.rundir import layout
@@ -97,8 +103,11 @@ def input_kind(path: Path) -> str:
 
 
 def open_samples(path: Path, *, config: str | None = None, split: str | None = None, edits: Path | None = None,
-                 source_images: Path | None = None, attempts: str = "accepted") -> Iterator[Sample]:
-    """The samples of any input; errors about the input itself are raised here, before the first sample."""
+                 source_images: Path | None = None, attempts: str = "accepted",
+                 follow_recorded_sources: bool = True) -> Iterator[Sample]:
+    """The samples of any input; errors about the input itself are raised here, before the first sample.
+    `follow_recorded_sources`: for a run without `source_images`, use the sources folder it records, with a
+    warning naming it (the `medbanana eval` command passes False: the user confirms it with --source-images)."""
     path = Path(path)
     kind = input_kind(path)
     if kind == "manifest":
@@ -110,7 +119,7 @@ def open_samples(path: Path, *, config: str | None = None, split: str | None = N
     else:
         if config is not None:
             raise ValueError(f"{path} is a run directory: --config applies to built datasets")
-        samples = run_samples(path, source_images, attempts)
+        samples = run_samples(path, source_images, attempts, follow_recorded_sources)
     if edits is not None:
         edits = Path(edits)
         if not edits.is_dir():
@@ -188,11 +197,17 @@ def _dataset_rows(files: list[Path], config: str, sources: SourceIndex | None, p
 def _row_sample(row: dict, config: str, names: set, sources: SourceIndex | None) -> Sample:
     round_no = row.get("round") if "round" in names else row.get("success_round")
     source = (row.get("source_image") or {}).get("bytes")
-    if source is None and sources is not None:
-        source = sources.find(row["dataset"], row["task"], row["disease"], row["source_id"], row.get("source_path"))
-    edited = (row.get("edited_image") or {}).get("bytes")
     problem = None
-    if source is None:
+    if source is None and sources is not None:
+        try:
+            source = sources.find(row["dataset"], row["task"], row["disease"], row["source_id"],
+                                  row.get("source_path"))
+        except Refused as exc:  # a source file linked out of --source-images: this sample's error, not read
+            problem = str(exc)
+    edited = (row.get("edited_image") or {}).get("bytes")
+    if problem is not None:
+        pass
+    elif source is None:
         problem = ("source image not in the dataset (built without --source-images) and not found"
                    + (" in --source-images" if sources else "; pass --source-images DIR"))
     elif edited is None:
@@ -207,35 +222,68 @@ def _row_sample(row: dict, config: str, names: set, sources: SourceIndex | None)
 
 # ---------------------------------------------------------------- run directories
 
-def run_samples(run_path: Path, source_images: Path | None, attempts: str) -> Iterator[Sample]:
+def run_samples(run_path: Path, source_images: Path | None, attempts: str,
+                follow_recorded_sources: bool = True) -> Iterator[Sample]:
+    """Without `source_images` (and the recorded folder not followed, or none) the samples keep their recorded
+    verdicts (what `judge-agreement` compares with human labels) and each has `sources_notice` as its problem."""
     if attempts not in ("accepted", "all"):
         raise ValueError(f"attempts is 'accepted' or 'all', not {attempts!r}")
     units = discover_units(run_path)
-    sources = SourceIndex(source_images or _recorded_sources(run_path))
-    return _run_attempts(units, sources, attempts)
+    recorded = recorded_sources(run_path) if source_images is None and follow_recorded_sources else None
+    if recorded is not None and Path(recorded).is_dir():
+        warnings.warn(f"{run_path}: no source images given; using the folder the run records, {recorded!r} "
+                      "(sources_root in medbanana-run.json, a path from the machine that made it)", stacklevel=3)
+        source_images = Path(recorded)
+    if source_images is not None:
+        return _run_attempts(units, SourceIndex(source_images), attempts)
+    return _run_attempts(units, None, attempts, sources_notice(run_path))
 
 
-def _recorded_sources(run_path: Path) -> Path:
-    config_file = Path(run_path) / layout.RUN_CONFIG
-    root = json.loads(config_file.read_text(encoding="utf-8")).get("sources_root") if config_file.is_file() else None
-    if not root or not Path(root).is_dir():
-        raise ValueError(f"{run_path}: the run names no sources folder on this machine ({root or 'none recorded'}); "
-                         "pass --source-images DIR (the {D}/normal, {D}/{Disease} input layout)")
-    return Path(root)
+def recorded_sources(run_path: Path) -> str | None:
+    """The sources folder a run records (`sources_root` in medbanana-run.json), read only from a run given whole
+    and a medbanana-run.json inside it; None when there is none. A hint from the machine that made the run."""
+    run_path = Path(run_path)
+    try:
+        config = inside(run_path, layout.RUN_CONFIG, f"the run directory {run_path}") if run_path.is_dir() else None
+        recorded = json.loads(config.read_bytes()).get("sources_root") if config and config.is_file() else None
+    except (Refused, ValueError, AttributeError, OSError):  # linked out, not JSON, not an object: no hint
+        return None
+    return recorded if isinstance(recorded, str) and recorded else None
 
 
-def _run_attempts(units, sources: SourceIndex, attempts: str) -> Iterator[Sample]:
+def sources_notice(run_path: Path) -> str:
+    """Why a run's samples have no source image without --source-images, naming the folder the run records: a
+    hint, which the user confirms by passing it."""
+    recorded = recorded_sources(run_path)
+    if recorded:
+        return (f"{run_path}: no --source-images given; the run records its sources folder as {recorded!r} "
+                "(sources_root in medbanana-run.json), a path from the machine that made it, which is not followed: "
+                f"pass --source-images {recorded} to confirm it, or another folder")
+    return (f"{run_path}: no --source-images given and the run records no sources folder; pass --source-images DIR "
+            "(the {D}/normal, {D}/{Disease} input layout)")
+
+
+def _run_attempts(units, sources: SourceIndex | None, attempts: str, notice: str | None = None) -> Iterator[Sample]:
     for unit in units:
         for task in read_tasks(unit):
             chosen = ([task.accepted] if task.accepted else []) if attempts == "accepted" else task.attempts
-            source = sources.find(task.dataset, task.direction, task.disease, task.source_id, task.source_path)
+            source = problem_of_source = None
+            if sources is not None:
+                try:
+                    source = sources.find(task.dataset, task.direction, task.disease, task.source_id,
+                                          task.source_path)
+                except Refused as exc:
+                    problem_of_source = str(exc)
             for attempt in chosen:
                 if not attempt.image:
                     continue  # the editor produced no image: nothing to score
-                edited = Path(task.run_dir) / attempt.image
-                problem = None if edited.is_file() else f"image file missing: {attempt.image}"
-                if source is None:
-                    problem = f"source image {task.source_id} not found in {sources.root}"
+                edited, problem = _attempt_image(task, attempt)
+                if edited is None:
+                    pass  # refused: said before anything else
+                elif sources is None:
+                    problem = notice
+                elif problem_of_source or source is None:
+                    problem = problem_of_source or f"source image {task.source_id} not found in {sources.root}"
                 yield Sample(id=sample_id(task.uid, attempt.round), dataset=task.dataset, modality=task.modality,
                              disease=task.disease, direction=task.direction,
                              instruction=attempt.instruction or canonical_prompt(task), source=source,
@@ -244,14 +292,33 @@ def _run_attempts(units, sources: SourceIndex, attempts: str) -> Iterator[Sample
                              accepted=bool(attempt.accepted))
 
 
+def _attempt_image(task, attempt) -> tuple[Path | None, str | None]:
+    """(the attempt's image file, resolved inside the folder the user named; its problem): a path leading
+    outside, e.g. an image that is a symlink out of the run, is a problem and is not read."""
+    try:
+        edited = inside(task.run_dir, attempt.image, f"{task.origin}, round {attempt.round}", task.scope)
+    except Refused as exc:
+        return None, str(exc)
+    return edited, None if edited.is_file() else f"image file missing: {attempt.image}"
+
+
 # ---------------------------------------------------------------- a model's outputs on dataset or run tasks
 
 def with_model_edit(sample: Sample, edits: Path) -> Sample:
-    """The model's output for the sample's task as the edit; the dataset's or run's edit as the ground truth."""
+    """The model's output for the sample's task as the edit; the dataset's or run's edit as the ground truth.
+    The uid comes from the data: the file is looked up only inside `edits`."""
     uid = sample.id.rsplit("#", 1)[0]
-    found = next((edits / f"{uid}{suffix}" for suffix in IMAGE_SUFFIXES if (edits / f"{uid}{suffix}").is_file()),
-                 None)
-    problem = sample.problem or (None if found else f"no model output {edits}/{uid}.(png|jpg|jpeg)")
+    found, refused = None, None
+    for suffix in IMAGE_SUFFIXES:
+        try:
+            path = inside(edits, f"{uid}{suffix}", f"the uid of sample {sample.id!r}")
+        except Refused as exc:
+            refused = str(exc)
+            break
+        if path.is_file():
+            found = path
+            break
+    problem = sample.problem or refused or (None if found else f"no model output {edits}/{uid}.(png|jpg|jpeg)")
     return Sample(id=sample.id, dataset=sample.dataset, modality=sample.modality, disease=sample.disease,
                   direction=sample.direction, instruction=sample.instruction, source=sample.source, edited=found,
                   ground_truth=sample.edited, problem=problem)

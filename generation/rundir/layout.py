@@ -128,3 +128,21 @@ def inside(root: Path, relative: str | Path, *, named_by: str = "") -> Path:
         link = " through a symlink" if ".." not in Path(text).parts else ""
         raise UnsafePath(f"{text}{where}: leads outside {root}{link} (to {target})")
     return target
+
+
+def inside_named_folder(run_dir: Path, folder: str, relative: str | Path, *, named_by: str = "") -> Path:
+    """`inside` for a build or evaluation given one output folder `run_dir/folder` ({D}-edit or {D}-remove) rather
+    than its run: a path (relative to `run_dir`, as the layout writes them) must lie in that folder, or in its
+    `-failed` sibling, each resolved as a root of its own; the sibling must not be a link out of `run_dir`. The
+    sibling's name comes from the folder named, never from data: it holds the rejected attempts of the same tasks,
+    whose JSON is in the folder named.
+    """
+    text = str(relative)
+    top, _, rest = text.partition("/")
+    if top not in (folder, f"{folder}-failed"):
+        where = f" (named by {named_by})" if named_by else ""
+        raise UnsafePath(f"{text}{where}: leads outside {Path(run_dir) / folder}, the folder named (only it and its "
+                         f"-failed sibling are read)")
+    if top != folder:
+        inside(run_dir, top, named_by=named_by)
+    return inside(Path(run_dir) / top, rest or ".", named_by=named_by)

@@ -195,6 +195,9 @@ def test_json_fields_that_steer_paths_outside_are_refused(run, tmp_path, capsys,
         for name in ("source_id", "image", "uid"):
             entry.pop(name)
         del data[key]
+        progress = json.loads((run / EDIT / "progress.json").read_text())
+        progress[f"../../../evil-{entry['disease']}"] = progress.pop(key)  # else a success with no entry: refused
+        (run / EDIT / "progress.json").write_text(json.dumps(progress))
         key = f"../../../evil-{entry['disease']}"
     data[key] = entry
     write_conversations(run, data)

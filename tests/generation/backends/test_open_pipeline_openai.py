@@ -197,7 +197,8 @@ def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake,
     assert len(samples) == len(edits) and {d for d, _ in samples} == {"Pneumothorax"}
     assert summarise(samples)["Pneumothorax"]["n"] == len(edits)
     capsys.readouterr()
-    assert main(["eval", str(run_dir), "--out", str(tmp_path / "eval"), "--all-attempts", "--judge", "none",
+    assert main(["eval", str(run_dir), "--source-images", str(tiny_sources), "--out", str(tmp_path / "eval"),
+                 "--all-attempts", "--judge", "none",
                  "--attention", "-q"]) == 0
     assert "attention Pneumothorax: n " in capsys.readouterr().out
     assert json.loads((tmp_path / "eval" / "attention.json").read_text()) == summarise(samples)
