@@ -29,8 +29,10 @@ def answer_everything(store: ReviewStore, rater: str, qualified) -> list[tuple[s
 def reviewed(demo_run_root, tmp_path_factory):
     root = tmp_path_factory.mktemp("reviews")
     run = demo_run_root / "demo-run" / "run"
-    rubric = create_review(run, root / "panel-a", mode="rubric", items=5, raters_per_item=2, seed=1)
-    realism = create_review(run, root / "panel-b", mode="realism", items=3, raters_per_item=1, seed=1)
+    rubric = create_review(run, root / "panel-a", mode="rubric", items=5, raters_per_item=2, seed=1,
+                           source_images=run.parent / "sources")
+    realism = create_review(run, root / "panel-b", mode="realism", items=3, raters_per_item=1, seed=1,
+                            source_images=run.parent / "sources")
     given = {"Dr. Ana": answer_everything(rubric, "Dr. Ana", lambda item: True),
              "Bo": answer_everything(rubric, "Bo", lambda item: item.item_id.endswith("2"))}
     given["dr. ana (realism)"] = answer_everything(realism, "DR. ANA", None)
