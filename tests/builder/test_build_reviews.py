@@ -97,3 +97,14 @@ def test_a_review_of_other_runs_is_refused_and_answers_outside_the_build_are_cou
     assert main(["build", str(builder_ours_run), "--out", str(tmp_path / "x"), "--reviews",
                  str(tmp_path / "nowhere"), "-q"]) == 2
     assert "not a review folder" in capsys.readouterr().err
+
+
+def test_review_reasons_drop_leaves_the_free_text_out(reviewed, demo_run_root, tmp_path):
+    _out, rubric, _realism, given = reviewed
+    run = demo_run_root / "demo-run" / "run"
+    out = tmp_path / "dataset"
+    assert main(["build", str(run), "--out", str(out), "--reviews", str(rubric.folder), "--review-reasons", "drop",
+                 "-q"]) == 0
+    rows = load_medbanana(out, "human_review", split="train").to_list()
+    assert len(rows) == len(rubric.answers()) and all(r["reason"] is None for r in rows)
+    assert any(answer.reason for answers in given.values() for _, answer in answers)  # there were reasons to drop

@@ -13,7 +13,7 @@ from medbanana.cli import main
 from medbanana.generation.records import VERDICT_BOOLEANS
 from medbanana.review.items import create_review
 from medbanana.review.report import write_report
-from medbanana.review.store import Answer
+from medbanana.review.store import Answer, ReviewStore
 from PIL import Image
 
 BOOT = 300  # resamples: enough for an interval, short to run
@@ -180,6 +180,9 @@ def test_what_cannot_be_computed_is_said(run_dir, tmp_path):
            "cannot be computed: needs exactly two raters; 1 answered." in text
     assert "Krippendorff's alpha, has_disease" in text and "cannot be computed: no item has two answers" in text
     assert "no interval: 3 item(s) are too few to resample" in text
+    settings = ReviewStore.open(tmp_path / "one").settings  # the blinding measure, kept from the review's creation
+    assert ("Blinding: the instructions shown tell round 1 from later rounds with AUROC" in text
+            if settings.round_auroc is not None else f"Blinding: {settings.round_auroc_note}." in text)
     assert not any(math.isnan(v) for v in _numbers(json.loads((tmp_path / "one-out" / "report.json").read_text())))
     assert "nan" not in text.lower()
     # realism with only edited images answered: no AUROC; a review without answers: coverage only
