@@ -61,12 +61,14 @@ def parse_size(text: str | int) -> int:
 
 def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFIG_NAMES, test_fraction: float = 0.0,
           max_shard_size: str | int = "500MB", num_proc: int = 1, source_images: Path | None = None,
-          quiet: bool = False, unsafe: str = "error", reviews: Sequence[Path] = ()) -> dict:
+          quiet: bool = False, unsafe: str = "error", reviews: Sequence[Path] = (),
+          review_reasons: str = "keep") -> dict:
     """Build the dataset folder `out` from run directories; returns what `medbanana-build.json` holds.
 
     `unsafe`: what a refused input does (a path leading outside its root, a file that is not an image, a
     malformed entry): "error" stops the build with a BuildError naming it; "skip" leaves its task out and lists
-    it under `stats.refused`. `reviews`: `medbanana review` folders whose answers become `human_review`. Raises
+    it under `stats.refused`. `reviews`: `medbanana review` folders whose answers become `human_review` (their free-text
+    reasons left out with review_reasons="drop"). Raises
     BuildError, before anything is written, for an `out` holding anything a build does not write or an input run
     (or inside one), and generation.lock.LockHeld when another process writes an input run or builds `out`."""
     configs = tuple(configs)
@@ -108,7 +110,7 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             if review_stores:  # the tasks reviewed that the partitions built: no second reading of the runs
                 with ThreadPoolExecutor(max_workers=1) as hasher:
                     review_digests, reviewed = write_reviews(review_stores, staging, stats.reviewed_tasks, stats,
-                                                             test_fraction, max_shard_bytes, hasher)
+                                                             test_fraction, max_shard_bytes, hasher, review_reasons)
                 digests.update(review_digests)
                 configs += (REVIEW_CONFIG,)
             for exc in found_refused:  # folders and files refused while finding the units

@@ -44,6 +44,8 @@ def register(subparsers) -> None:
     build.add_argument("--reviews", action="append", type=Path, default=[], metavar="REVIEW_DIR",
                        help="a `medbanana review` folder (repeatable): its answers become the human_review config, "
                             "one row per answer tied to the task by uid and round, raters pseudonymised")
+    build.add_argument("--review-reasons", choices=("keep", "drop"), default="keep",
+                       help="the raters' free-text reasons in human_review: keep (default) or drop (left empty)")
     build.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=run_build)
 
@@ -99,7 +101,7 @@ def run_build(args) -> int:
         info = build(args.run_dirs, args.out, configs=configs, test_fraction=args.test_fraction,
                      max_shard_size=args.max_shard_size, num_proc=args.num_proc,
                      source_images=args.source_images, quiet=args.quiet, unsafe=args.unsafe,
-                     reviews=args.reviews)
+                     reviews=args.reviews, review_reasons=args.review_reasons)
     except BuildError as exc:
         print(f"medbanana build: error: {exc}", file=sys.stderr)
         return 2

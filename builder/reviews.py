@@ -2,8 +2,10 @@
 
 Each answer is one row, tied to the built task by uid and round, so it joins with `judge`, `sft` and `failed`.
 Rater names stay in the review folder: the dataset carries pseudonyms (`rater-1`, `rater-2`, ... in order of each
-rater's first answer across the reviews of the build; one person keeps one pseudonym). An answer to an item whose
-task is not in the build is left out and counted; a review none of whose items is in the build is an error.
+rater's first answer across the reviews of the build; one person keeps one pseudonym). Reasons are free text, kept
+unless `--review-reasons drop`: the page asks raters not to write names or identifiers, but cannot check. An answer
+to an item whose task is not in the build is left out and counted; a review none of whose items is in the build is an
+error.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from .parquet import ConfigSchema
 from .partition import ShardWriters
 from .rows import split_of
 from .stats import BuildStats
+
+REASONS = ("keep", "drop")  # `build --review-reasons`: a rater's reason is free text and may name someone
 
 
 def split_sample_id(sample_id: str) -> tuple[str, int | None]:
@@ -47,8 +51,12 @@ def open_reviews(folders: Sequence[Path]) -> list[ReviewStore]:
     return stores
 
 
-def review_rows(stores: Iterable[ReviewStore], built_uids: set[str], info: dict) -> Iterable[tuple[str, dict]]:
-    """(source id, row) for every answer whose task is built; `info[review] = {mode, answers, rows, left_out}`."""
+def review_rows(stores: Iterable[ReviewStore], built_uids: set[str], info: dict,
+                reasons: str = "keep") -> Iterable[tuple[str, dict]]:
+    """(source id, row) for every answer whose task is built; `info[review] = {mode, answers, rows, left_out}`.
+    `reasons`: keep the raters' free-text reasons, or drop them (None: free text may hold names)."""
+    if reasons not in REASONS:
+        raise BuildError(f"--review-reasons is one of {', '.join(REASONS)}, not {reasons!r}")
     pseudonyms: dict[str, str] = {}
     for store in stores:
         settings, name = store.settings, store.folder.resolve().name
@@ -75,7 +83,8 @@ def review_rows(stores: Iterable[ReviewStore], built_uids: set[str], info: dict)
                 "rater": rater, "answered_at": stored.answered_at, "seconds": answer.seconds,
                 **{key: getattr(answer, key) for key in ("has_disease", "structure_reasonable", "looks_realistic",
                                                          "fidelity_preserved", "qualified")},
-                "reason": answer.reason or None, "guess": answer.guess, "confidence": answer.confidence,
+                "reason": (answer.reason or None) if reasons == "keep" else None, "guess": answer.guess,
+                "confidence": answer.confidence,
             }
 
 
@@ -85,13 +94,14 @@ def reviewed_uids(stores: Iterable[ReviewStore]) -> frozenset[str]:
 
 
 def write_reviews(stores: Sequence[ReviewStore], folder: Path, built_uids: set[str], stats: BuildStats,
-                  test_fraction: float, max_shard_bytes: int, hasher=None) -> tuple[dict[str, str], dict]:
+                  test_fraction: float, max_shard_bytes: int, hasher=None,
+                  reasons: str = "keep") -> tuple[dict[str, str], dict]:
     """Write the human_review shards into the staging `folder` (split by source, like every config); returns
     their digests by path and what each review gave."""
     writers = ShardWriters(folder, 0, {REVIEW_CONFIG: ConfigSchema.of(CONFIG_FEATURES[REVIEW_CONFIG])},
                            max_shard_bytes, hasher, stats)
     info: dict[str, dict] = {}
-    for source_id, row in review_rows(stores, built_uids, info):
+    for source_id, row in review_rows(stores, built_uids, info, reasons):
         writers.write(REVIEW_CONFIG, split_of(source_id, test_fraction), row)
     return writers.close(), info
 

@@ -4,16 +4,25 @@ What reaches the browser is blind by construction: the handlers send only the it
 instruction, its opaque number and the rater's progress — never the judge's verdict, the model, the round, the
 outcome, the sample id or the stratum. The rater's name is kept in the browser's localStorage (gr.BrowserState,
 under a key and secret derived from the review, so it survives a server restart), so a reload resumes at the item
-the store holds for that rater. The time an item is shown is kept on the server (gr.State) for Answer.seconds.
+the store holds for that rater. The time an item is shown and the item itself are kept on the server (gr.State): an
+answer counts for the item this page session was shown (the store checks the rater's claim and K again).
+
+Text that comes from data (the instruction, a rater's name, a message quoting either) is shown as plain text: the
+instruction in a read-only textbox, the rest escaped for Markdown (`plain`), so no data makes the page load an image,
+follow a link or grow a form. Gradio's file cache lives in a 0700 folder inside the review folder, removed when the
+server stops, and its upload routes answer 401: served images never leave the review folder.
 """
 
 import hashlib
 import os
+import re
+import shutil
+import tempfile
 import time
 from importlib import resources
 
 from ..generation.extras import require
-from .store import IMAGES, MAX_RATER_NAME, Answer, ReviewItem, ReviewStore, check_rater_name
+from .store import IMAGES, MAX_RATER_NAME, Answer, NotGiven, ReviewItem, ReviewStore, check_rater_name
 
 YES_NO = ("Yes", "No")
 RUBRIC_QUESTIONS = (  # Answer field -> the question, in the judge rubric's order; `qualified` last
@@ -27,11 +36,14 @@ GUESS_CHOICES = (("Real (not edited)", "real"), ("Edited", "edited"))
 CONFIDENCE_CHOICES = tuple((str(n), n) for n in range(1, 6))
 IMAGE_HEIGHT = 360  # the instruction, two images and the questions fit a 1280x800 window
 ALREADY_ANSWERED = "You had already answered that item (a double click or another tab): your first answer is kept."
+NOT_SHOWN = "That item is not the one this page was showing you: nothing stored."
+REASON_LABEL = "Reason (optional; no names, initials or patient identifiers: reasons may be published)"
+REFUSED_ROUTES = ("/upload", "/process_recording")  # gradio routes that write files a client sends: off
 CSS = """
 .gradio-container { max-width: 1400px !important; padding-top: 4px !important; }
 #review-header h3 { margin: 4px 0; }
 #review-message p { font-weight: 600; }
-#instruction { max-height: 9em; overflow-y: auto; }  /* a very long instruction scrolls */
+#instruction textarea { max-height: 9em; overflow-y: auto; }  /* a very long instruction scrolls */
 /* images fill their box, whatever their size */
 :is(#image-source, #image-edit, #image-single) :is(button:has(.image-frame), .image-frame) {
     width: 100%; height: 100%; }
@@ -64,6 +76,20 @@ def load_gradio():
 def on_space() -> bool:
     """Running in a Hugging Face Space: raters sign in with Hugging Face instead of typing a name."""
     return bool(os.environ.get("SPACE_ID"))
+
+
+def plain(text: str) -> str:
+    r"""`text` shown through Markdown as itself: every ASCII punctuation mark backslash-escaped (CommonMark), so no
+    markup, link or image can come from data.
+
+    >>> print(plain("![x](h.png) <b>"))
+    \!\[x\]\(h\.png\) \<b\>
+    """
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", str(text))
+
+
+def bold(text: str) -> str:
+    return f"**{plain(text)}**"
 
 
 def review_key(store: ReviewStore) -> str:
@@ -104,7 +130,8 @@ def build_page(store: ReviewStore):
 
         with gr.Column(visible=False, elem_id="sign-in") as sign_in:
             gr.Markdown("Enter your name or initials to start. Answers are saved as you go; come back with the same "
-                        "name to continue where you stopped. You will not see how the edits were judged.")
+                        "name to continue where you stopped. You will not see how the edits were judged. In the "
+                        "optional reasons, write no names, initials or patient identifiers: they may be published.")
             if login:
                 gr.LoginButton()
             with gr.Row():
@@ -113,7 +140,9 @@ def build_page(store: ReviewStore):
                 start = gr.Button("Start", variant="primary", scale=1, elem_id="start")
 
         with gr.Column(visible=False, elem_id="item-view") as item_view:
-            instruction = gr.Markdown(elem_id="instruction")  # full width: an instruction may run to five lines
+            # full width, plain text (never markup): an instruction may run to five lines
+            instruction = gr.Textbox(label="Instruction", interactive=False, lines=1, max_lines=6,
+                                     elem_id="instruction")
             with gr.Row():
                 images = _image_column(gr, mode)
                 questions, submit, switch = _question_column(gr, mode)
@@ -128,13 +157,13 @@ def build_page(store: ReviewStore):
             done, total = store.progress(rater)
             out = {saved_rater: rater, message: note, sign_in: gr.update(visible=False)}
             if item is None:
-                return {**out, shown: None, item_box: "", header: f"### Blind review · {rater}",
+                return {**out, shown: None, item_box: "", header: f"### Blind review · {plain(rater)}",
                         item_view: gr.update(visible=False),
                         finished: gr.update(visible=True, value=_thanks(rater, done))}
             return {**out, shown: {"item": item.item_id, "at": time.monotonic()}, item_box: item.item_id,
-                    header: f"### Blind review · {rater} · item {done + 1} of {total} ({item.item_id})",
+                    header: f"### Blind review · {plain(rater)} · item {done + 1} of {total} ({item.item_id})",
                     item_view: gr.update(visible=True), finished: gr.update(visible=False),
-                    instruction: _instruction(item), **_image_values(store, item, images),
+                    instruction: gr.update(**_instruction(item)), **_image_values(store, item, images),
                     **{question: None for question in questions[:-1]},
                     questions[-1]: "" if mode == "rubric" else None}
 
@@ -148,7 +177,7 @@ def build_page(store: ReviewStore):
             try:
                 return show_next(check_rater_name(name)) if name else ask_name()
             except ValueError as exc:
-                return ask_name(f"**{exc}**")
+                return ask_name(bold(exc))
 
         def on_start(name, profile: gr.OAuthProfile | None = None):
             if login and profile is not None:
@@ -156,26 +185,27 @@ def build_page(store: ReviewStore):
             try:
                 rater = check_rater_name(name)
             except ValueError as exc:
-                return ask_name(f"**{exc}**")
+                return ask_name(bold(exc))
             return show_next(rater)
 
         def on_submit(rater, item_id, shown_now, *values):
             try:
                 rater = check_rater_name(rater)
             except ValueError as exc:
-                return ask_name(f"**{exc}**")
+                return ask_name(bold(exc))
             if not item_id:
                 return show_next(rater)
-            seconds = None
-            if shown_now and shown_now.get("item") == item_id:
-                seconds = round(time.monotonic() - shown_now["at"], 3)
+            if not shown_now or shown_now.get("item") != item_id:  # a late submit of an item shown before, or a
+                answered = store.answered(rater, item_id)          # client naming an item it was never shown
+                return show_next(rater, bold(ALREADY_ANSWERED if answered else NOT_SHOWN))
+            seconds = round(time.monotonic() - shown_now["at"], 3)
             try:
                 stored = store.submit(rater, item_id, answer_from_page(mode, list(values), seconds))
             except ValueError as exc:  # incomplete: nothing stored, the same item stays
-                return {message: f"**{exc}**"}
-            except KeyError as exc:
-                return show_next(rater, f"**{exc.args[0]}**")
-            return show_next(rater, f"Saved your answer to {item_id}." if stored else f"**{ALREADY_ANSWERED}**")
+                return {message: bold(exc)}
+            except NotGiven as exc:
+                return show_next(rater, bold(exc))
+            return show_next(rater, plain(f"Saved your answer to {item_id}.") if stored else bold(ALREADY_ANSWERED))
 
         page.load(on_load, inputs=[saved_rater], outputs=page_outputs)
         for trigger in (start.click, name_box.submit):
@@ -209,7 +239,7 @@ def _question_column(gr, mode: str) -> tuple[list, object, object]:
     with gr.Column(scale=2, elem_id="questions"):
         if mode == "rubric":
             questions = [gr.Radio(list(YES_NO), label=text, elem_id=f"q-{name}") for name, text in RUBRIC_QUESTIONS]
-            questions.append(gr.Textbox(label="Reason (optional)", lines=1, max_lines=3, elem_id="reason"))
+            questions.append(gr.Textbox(label=REASON_LABEL, lines=1, max_lines=3, elem_id="reason"))
         else:
             questions = [gr.Radio(list(GUESS_CHOICES), label="Is this image real or edited?", elem_id="q-guess"),
                          gr.Radio(list(CONFIDENCE_CHOICES), label="How sure are you? (1 = a guess, 5 = certain)",
@@ -233,20 +263,38 @@ def _image_values(store: ReviewStore, item: ReviewItem, images: list) -> dict:
     return {images[0]: paths[0]}
 
 
-def _instruction(item: ReviewItem) -> str:
+def _instruction(item: ReviewItem) -> dict:
+    """The instruction box's label and value: the text as it is (the textbox never renders markup)."""
     if item.shown == "pair":
-        return f"**Instruction given to the editor:** {item.instruction}"
-    return "**Look at the image:** is it a real image, or was it edited by a model?"
+        return {"label": "Instruction given to the editor", "value": item.instruction}
+    return {"label": "Look at the image", "value": "Is it a real image, or was it edited by a model?"}
 
 
 def _thanks(rater: str, done: int) -> str:
     items = "item" if done == 1 else "items"
-    return (f"## Thank you, {rater}!\n\nYou answered {done} {items}; nothing is left for you in this review. "
+    return (f"## Thank you, {plain(rater)}!\n\nYou answered {done} {items}; nothing is left for you in this review. "
             "You can close this page.")
+
+
+def refuse_uploads(request) -> str | None:
+    """gradio's auth_dependency: every route is open to the page ("rater": raters sign in on the page itself), but
+    the routes that write a client's files answer 401."""
+    return None if request.url.path.rstrip("/").endswith(REFUSED_ROUTES) else "rater"
 
 
 def serve(store: ReviewStore, host: str = "127.0.0.1", port: int = 7860) -> int:
     """Serve the page until Ctrl+C (or the process is stopped); every answer is on disk as soon as it is given."""
+    # gradio copies every image it serves into its cache: a 0700 folder of the review's own, set before gradio is
+    # imported (it reads GRADIO_TEMP_DIR then and when each component is made), removed when the server stops
+    cache = tempfile.mkdtemp(prefix=".gradio-cache-", dir=store.folder)
+    os.environ["GRADIO_TEMP_DIR"] = cache
+    try:
+        return _serve_page(store, host, port)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _serve_page(store: ReviewStore, host: str, port: int) -> int:
     page = build_page(store)
     page.queue(default_concurrency_limit=8)  # the store serialises what must be; raters need not wait for each other
     images = str((store.folder / IMAGES).resolve())
@@ -254,7 +302,7 @@ def serve(store: ReviewStore, host: str = "127.0.0.1", port: int = 7860) -> int:
     try:
         page.launch(server_name=host, server_port=port, share=False, inbrowser=False, quiet=True, ssr_mode=False,
                     prevent_thread_lock=True, allowed_paths=[images], footer_links=[], run_history=False,
-                    mcp_server=False, enable_monitoring=False, css=CSS, js=ZOOM_JS)
+                    mcp_server=False, enable_monitoring=False, css=CSS, js=ZOOM_JS, auth_dependency=refuse_uploads)
     except OSError as exc:  # the port is taken, or the host is not this machine's
         reason = "the port is in use" if "empty port" in str(exc) else str(exc)
         raise ValueError(f"cannot serve on {host}:{port}: {reason}; choose another --port") from exc

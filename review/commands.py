@@ -76,7 +76,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, metavar="S",
                    help="creating: the sample's seed; report: the bootstrap's seed (default 0)")
     p.add_argument("--source-images", type=Path, metavar="DIR",
-                   help="creating from a dataset built without its source images: the folder that holds them")
+                   help="creating: the folder of the source images, for a dataset built without them or a run whose "
+                        "medbanana-run.json names a sources folder outside the run (confirm it here)")
     p.add_argument("--host", metavar="HOST",
                    help="serving: the address to listen on (default 127.0.0.1; 0.0.0.0 opens it to the network)")
     p.add_argument("--port", type=int, metavar="P", help=f"serving: the port (default {DEFAULT_PORT})")
@@ -136,6 +137,9 @@ def run_create(args, source: Path) -> int:
     short = f" (fewer edits than --items {settings.requested_items})" if few else ""
     print(f"created review {args.out}: {len(items)} {settings.mode} items from {settings.edits} edits{short}, "
           f"{settings.raters_per_item} rater(s) per item, seed {settings.seed}")
+    if settings.round_auroc is not None:
+        print(f"blinding: round 1 vs later rounds from the instructions shown, AUROC {settings.round_auroc:.2f} "
+              "(0.5: indistinguishable)")
     if args.no_serve:
         print(f"serve it with: medbanana review {args.out}")
         return 0

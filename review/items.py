@@ -9,34 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
 import random
-import re
+import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 
+from ..builder.rows import canonical_prompt
 from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples
-from ..generation.files import atomic_write_bytes
 from ..generation.records import decode_rgb
+from ..generation.rundir import layout
+from .blinding import blind_instruction, leakage_warning, round_leakage, round_of
 from .store import IMAGES, MODES, ReviewItem, ReviewSettings, ReviewStore, refuse_existing
-
-# A sentence of a refined instruction that speaks of earlier attempts tells the rater it is a later round
-_HISTORY = re.compile(r"\b(?:previous|earlier|prior|last|former|first)\s+(?:attempts?|rounds?|edits?|tries|"
-                      r"instructions?|versions?)\b", re.IGNORECASE)
-
-
-def blind_instruction(text: str) -> str:
-    """The instruction without its sentences about earlier attempts (a refined instruction's feedback), which
-    would tell a rater the round.
-
-    >>> blind_instruction("Add an effusion. Unlike the last attempt, keep the ribs. Compared with the previous "
-    ...                   "attempts: larger; softer. Keep the rest.")
-    'Add an effusion. Keep the rest.'
-    """
-    sentences = re.split(r"(?<=[.!?])\s+", text.strip())
-    return " ".join(sentence for sentence in sentences if not _HISTORY.search(sentence))
-
 
 def outcome(sample: Sample) -> str:
     """accepted | rejected | unjudged: the judge's outcome, one of the sampling strata."""
@@ -53,7 +40,8 @@ def stratum(sample: Sample) -> str:
 
 def read_edits(path: Path, *, source_images: Path | None = None) -> list[Sample]:
     """Every edit of a dataset (its `judge` config: every judged attempt) or run (every attempt with an image) whose
-    source and edited images are both there."""
+    source and edited images are both there and inside the folder the user named: an edited image that leads out
+    of the run (a symlink) is left out, and said so in one line."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such dataset or run directory")
@@ -63,12 +51,46 @@ def read_edits(path: Path, *, source_images: Path | None = None) -> list[Sample]
     elif kind == "dataset":
         samples = open_samples(path, config="judge", source_images=source_images)
     else:
-        samples = open_samples(path, source_images=source_images, attempts="all")
-    usable = [s for s in samples if s.problem is None and s.source is not None and s.edited is not None]
+        samples = open_samples(path, source_images=source_images or _confirmed_sources(path), attempts="all")
+    root = path if path.is_dir() else path.parent  # a run's edits, a samples file's images: inside the folder named
+    named = {"run": ("edited",), "manifest": ("source", "edited")}.get(kind, ())
+    usable, outside = [], []
+    for sample in samples:
+        if sample.problem is not None or sample.source is None or sample.edited is None:
+            continue
+        if any(isinstance(getattr(sample, ref), Path) and not _inside(root, getattr(sample, ref)) for ref in named):
+            outside.append(sample.id)
+            continue
+        usable.append(sample)
+    if outside:
+        print(f"skipped {len(outside)} edit(s) whose image leads outside {path} (a symlink), e.g. {outside[0]}",
+              file=sys.stderr)
     if not usable:
         raise ValueError(f"{path}: no edit with both its source and edited image to review"
                          + ("" if source_images else " (a dataset built without sources needs --source-images)"))
     return usable
+
+
+def _confirmed_sources(run: Path) -> Path | None:
+    """The sources folder of a run when the run holds it; a folder elsewhere that the run's medbanana-run.json
+    names is only a hint: the user confirms it with --source-images."""
+    config = run / layout.RUN_CONFIG
+    recorded = json.loads(config.read_text(encoding="utf-8")).get("sources_root") if config.is_file() else None
+    if not recorded:
+        return None  # open_samples says that --source-images is needed
+    if _inside(run, Path(recorded)):
+        return Path(recorded)
+    raise ValueError(f"{run}: its {layout.RUN_CONFIG} names the sources folder {recorded}, outside the run; "
+                     f"review reads no folder you did not name: confirm it with --source-images {recorded}")
+
+
+def _inside(root: Path, file: Path) -> bool:
+    """Whether `file` (symlinks resolved) lies inside `root` (layout.inside, the one containment rule)."""
+    try:
+        layout.inside(root, os.path.relpath(os.path.abspath(file), os.path.abspath(root)))
+    except ValueError:
+        return False
+    return True
 
 
 def stratified_sample(samples: list[Sample], n: int, seed: int) -> list[Sample]:
@@ -113,18 +135,26 @@ def _in_turn(node: dict | list, rng: random.Random) -> Iterator:
                 yield sample
 
 
-def make_items(samples: Iterable[Sample], mode: str, folder: Path, seed: int) -> list[ReviewItem]:
+def make_items(samples: Sequence[Sample], mode: str, folder: Path, seed: int, *,
+               quiet: bool = False) -> list[ReviewItem]:
     """Blind items for `mode`, their images written to `folder/images/`, in a seeded shuffled order.
 
     rubric: one item per edit (source and edit side by side). realism: one `edited` item per edit and one `real`
     item per distinct source; all items of one source share a pair id, so one rater sees a source in one form only.
     """
+    from tqdm.auto import tqdm
+
     if mode not in MODES:
         raise ValueError(f"--mode is one of {', '.join(MODES)}, not {mode!r}")
-    (folder / IMAGES).mkdir(parents=True, exist_ok=True)
+    images = folder / IMAGES
+    images.mkdir(parents=True, exist_ok=True)
+    if images.is_symlink() or not images.is_dir():
+        raise ValueError(f"{images} is not a folder of the review: its images are never written through a link")
     items: list[ReviewItem] = []
     real_sources: set[str] = set()
-    for sample in samples:
+    bar = tqdm(samples, desc="preparing review images", unit="edit", dynamic_ncols=True,
+               disable=True if quiet else None)  # None: shown on a terminal only
+    for sample in bar:
         source = _write_png(folder, image_bytes(sample.source))
         edited = _write_png(folder, image_bytes(sample.edited))
         common = dict(sample_id=sample.id, dataset=sample.dataset, modality=sample.modality, disease=sample.disease,
@@ -132,7 +162,7 @@ def make_items(samples: Iterable[Sample], mode: str, folder: Path, seed: int) ->
                       stratum=stratum(sample))
         if mode == "rubric":
             items.append(ReviewItem(item_id="", pair_id=sample.id, shown="pair",
-                                    instruction=blind_instruction(sample.instruction),
+                                    instruction=blind_instruction(sample.instruction, canonical_prompt(sample)),
                                     images=(source, edited), **common))
             continue
         items.append(ReviewItem(item_id="", pair_id=source, shown="edited", instruction="", images=(edited,),
@@ -147,27 +177,48 @@ def make_items(samples: Iterable[Sample], mode: str, folder: Path, seed: int) ->
 
 
 def _write_png(folder: Path, data: bytes) -> str:
-    """The image as a metadata-free PNG under an opaque content-derived name; its path relative to `folder`."""
+    """The image as a metadata-free PNG under an opaque content-derived name; its path relative to `folder`.
+    Written to a new temp file (O_EXCL | O_NOFOLLOW: never through a link placed there), then renamed."""
     from PIL import Image
 
     buffer = io.BytesIO()
     Image.fromarray(decode_rgb(data)).save(buffer, format="PNG")
     png = buffer.getvalue()
     name = f"{IMAGES}/{hashlib.sha256(png).hexdigest()[:20]}.png"
-    if not (folder / name).is_file():
-        atomic_write_bytes(folder / name, png)
+    target = folder / name
+    if target.is_file() and not target.is_symlink():
+        return name
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # left by a killed run (a link there is removed, not followed)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(png)
+        os.replace(tmp, target)  # replaces a link placed at the name, never writes through it
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return name
 
 
 def create_review(source: Path, out: Path, *, mode: str, items: int, raters_per_item: int, seed: int,
-                  source_images: Path | None = None) -> ReviewStore:
-    """Sample `items` edits of a dataset or run into a new review folder `out` and return its store."""
+                  source_images: Path | None = None, quiet: bool = False) -> ReviewStore:
+    """Sample `items` edits of a dataset or run into a new review folder `out` and return its store; how well the
+    shown instructions still tell the round is measured and kept in its settings (a warning above 0.65)."""
     if raters_per_item < 1:
         raise ValueError("--raters-per-item must be at least 1")
     refuse_existing(out)  # before sampling: the images would be written into another review's folder
     picked = stratified_sample(read_edits(source, source_images=source_images), items, seed)
-    review_items = make_items(picked, mode, Path(out), seed)
+    review_items = make_items(picked, mode, Path(out), seed, quiet=quiet)
+    auroc, note = None, "not measured: realism items show no instruction"
+    if mode == "rubric":
+        auroc, note = round_leakage([i.instruction for i in review_items],
+                                    [round_of(i.sample_id) for i in review_items], [i.images[0] for i in review_items])
     settings = ReviewSettings(mode=mode, raters_per_item=raters_per_item, seed=seed, source=str(Path(source).resolve()),
                               requested_items=items, edits=len(picked),
-                              created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                              created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              round_auroc=auroc, round_auroc_note=note)
+    warning = leakage_warning(auroc)
+    if warning:
+        print(warning, file=sys.stderr)
     return ReviewStore.create(out, settings, review_items)

@@ -39,6 +39,7 @@ from .reliability import (
     percent_agreement,
     reliability_matrix,
 )
+from .blinding import leakage_warning
 from .store import ReviewItem, ReviewStore, StoredAnswer
 
 NEEDED_FOR = "medbanana review report"
@@ -60,7 +61,8 @@ def write_report(folder: Path, out_dir: Path, bootstrap: int = 2000, seed: int =
               "seed": seed, "coverage": coverage(items, answers, settings.raters_per_item)}
     lines = ["# Expert review report", "", (f"Review `{folder}`: {settings.mode} mode, {settings.raters_per_item} "
              f"rater(s) wanted per item, sampled from `{settings.source}` (seed {settings.seed}). Intervals: 95 % "
-             f"percentile bootstrap, {bootstrap} resamples, seed {seed}."), "", *_coverage_lines(result["coverage"])]
+             f"percentile bootstrap, {bootstrap} resamples, seed {seed}."), "", _blinding_line(settings), "",
+             *_coverage_lines(result["coverage"])]
     if not answers:
         lines += ["No answers yet: there is nothing to compute.", ""]
     elif settings.mode == "rubric":
@@ -245,6 +247,15 @@ def _notes(entries: dict[str, dict[str, dict]], names: dict[str, str]) -> list[s
                 value = entry[key]["value"]
                 grouped[(label, ("cannot be computed: " if value is None else "") + entry[key]["note"])].append(dim)
     return [f"- {label}, {', '.join(dims)}: {why}." for (label, why), dims in grouped.items()]
+
+
+def _blinding_line(settings) -> str:
+    """How well the instructions shown told round 1 from later rounds (measured when the review was created)."""
+    if settings.round_auroc is None:
+        return f"Blinding: {settings.round_auroc_note or 'not measured (a review made before it was)'}."
+    warning = leakage_warning(settings.round_auroc)
+    return (f"Blinding: the instructions shown tell round 1 from later rounds with AUROC {settings.round_auroc:.2f} "
+            f"(0.5: not at all; {settings.round_auroc_note})." + (f" **{warning}**" if warning else ""))
 
 
 def _coverage_lines(c: dict) -> list[str]:

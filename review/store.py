@@ -5,6 +5,9 @@ submit of the same item by the same rater is reported, never stored twice. Sever
 use one folder at once: each operation opens its own connection, and choosing the next item for a rater runs in an
 IMMEDIATE transaction, so two raters never both claim the last open slot of an item.
 
+The store decides what is stored: an answer is accepted only for an item it handed that rater (their claim), never
+for the other form of a source they answered (realism), and never past K answers, whatever a client sends.
+
 Assignment: a rater is shown the item they claimed and have not answered (a reload resumes there), else the open
 item with the fewest answers (then the review's seeded order) that they have not answered, that has fewer than K
 answers and live claims by others, and, in realism mode, whose source they have not seen in any form.
@@ -53,6 +56,13 @@ CREATE TRIGGER IF NOT EXISTS answers_no_delete BEFORE DELETE ON answers
 """
 
 
+class NotGiven(KeyError):
+    """An answer the store refuses: the item is unknown, was not handed to this rater, or is full."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 @dataclass(frozen=True)
 class ReviewSettings:
     mode: str  # rubric | realism
@@ -62,6 +72,8 @@ class ReviewSettings:
     requested_items: int
     edits: int  # edits sampled (realism: each gives an edited item; its source a real one)
     created_at: str = ""
+    round_auroc: float | None = None  # how well the shown instructions tell round 1 from later rounds (blinding.py)
+    round_auroc_note: str = ""  # why there is no round_auroc, or how it was measured
 
 
 @dataclass(frozen=True)
@@ -130,8 +142,15 @@ def check_rater_name(name: str) -> str:
 
 
 def refuse_existing(folder: Path) -> None:
-    """ValueError when `folder` already holds a review: a review is created once, then served again."""
-    if (Path(folder) / DB_NAME).exists():
+    """ValueError when `folder` already holds a review (a review is created once, then served again), or a
+    symlink where the review's own files go (they are never written through a link)."""
+    folder = Path(folder)
+    linked = [name for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal", IMAGES)
+              if (folder / name).is_symlink()]
+    if linked:
+        raise ValueError(f"{folder}/{linked[0]} is a symlink: a review folder's files are never written through one; "
+                         "choose another --out")
+    if (folder / DB_NAME).exists():
         raise ValueError(f"{folder} already holds a review ({DB_NAME}); serve it with `medbanana review "
                          f"{folder}`, or choose another --out")
 
@@ -175,6 +194,8 @@ class ReviewStore:
     @classmethod
     def open(cls, folder: Path) -> ReviewStore:
         store = cls(folder)
+        if store.path.is_symlink():
+            raise ValueError(f"{store.path} is a symlink: a review's store is opened only as a file of its folder")
         if not store.path.is_file():
             raise FileNotFoundError(f"{folder}: not a review folder (no {DB_NAME}); create one with "
                                     "`medbanana review DATASET_OR_RUN --out DIR`")
@@ -224,6 +245,12 @@ class ReviewStore:
             record["reason"] = record["reason"] or ""
             out.append(StoredAnswer(seq, item_id, rater, at, Answer(**record)))
         return out
+
+    def answered(self, rater: str, item_id: str) -> bool:
+        """Whether this rater has an answer to this item."""
+        with self._connect() as db:
+            return db.execute("SELECT 1 FROM answers WHERE item_id = ? AND rater = ?",
+                              (item_id, check_rater_name(rater))).fetchone() is not None
 
     def progress(self, rater: str) -> tuple[int, int]:
         """(items this rater answered, items this rater may still be given or has answered); in realism mode one
@@ -282,26 +309,46 @@ class ReviewStore:
 
     def submit(self, rater: str, item_id: str, answer: Answer) -> bool:
         """Store the answer: True; False when this rater already answered this item (the first answer is kept).
-        ValueError for an incomplete answer, KeyError for an unknown item."""
+        ValueError for an incomplete answer; NotGiven (a KeyError) for an unknown item, an item the store did not
+        hand this rater, the other form of a source they answered (realism), or an item that has its K answers."""
         rater = check_rater_name(rater)
         with self._connect() as db:
-            mode = self.settings_value(db, "mode")
+            mode, k = self.settings_value(db, "mode"), self.settings_value(db, "raters_per_item")
             check_answer(mode, answer)
-            if db.execute("SELECT 1 FROM items WHERE item_id = ?", (item_id,)).fetchone() is None:
-                raise KeyError(f"no item {item_id!r} in this review")
             values = {name: getattr(answer, name) for name in (*VERDICT_BOOLEANS, "reason", "guess", "confidence",
                                                                 "seconds")}
             values["reason"] = (answer.reason or "").strip() or None
+            db.execute("BEGIN IMMEDIATE")  # the checks and the insert see one state: K is never exceeded
             try:
-                db.execute(f"INSERT INTO answers (item_id, rater, answered_at, {', '.join(values)}) "
-                           f"VALUES (?, ?, ?, {', '.join('?' * len(values))})",
-                           (item_id, rater, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), *values.values()))
-            except sqlite3.IntegrityError as exc:
-                if "UNIQUE" in str(exc):
-                    return False
+                stored = self._check_given(db, rater, item_id, k)
+                if stored:
+                    db.execute(f"INSERT INTO answers (item_id, rater, answered_at, {', '.join(values)}) "
+                               f"VALUES (?, ?, ?, {', '.join('?' * len(values))})",
+                               (item_id, rater, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                *values.values()))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
                 raise
-        return True
+        return stored
 
+    @staticmethod
+    def _check_given(db: sqlite3.Connection, rater: str, item_id: str, k: int) -> bool:
+        """False when `rater` already answered the item; NotGiven unless the store handed it to them (their claim),
+        no other form of its source has their answer, and it has fewer than K answers."""
+        row = db.execute("SELECT pair_id FROM items WHERE item_id = ?", (item_id,)).fetchone()
+        if row is None:
+            raise NotGiven(f"no item {item_id!r} in this review")
+        if db.execute("SELECT 1 FROM answers WHERE item_id = ? AND rater = ?", (item_id, rater)).fetchone():
+            return False
+        if db.execute("SELECT 1 FROM claims WHERE item_id = ? AND rater = ?", (item_id, rater)).fetchone() is None:
+            raise NotGiven(f"{item_id} was not given to {rater}: nothing stored")
+        if db.execute("SELECT 1 FROM answers a JOIN items j USING (item_id) WHERE j.pair_id = ? AND a.rater = ?",
+                      (row[0], rater)).fetchone():
+            raise NotGiven(f"{rater} already answered another form of {item_id}'s image: nothing stored")
+        if db.execute("SELECT COUNT(*) FROM answers WHERE item_id = ?", (item_id,)).fetchone()[0] >= k:
+            raise NotGiven(f"{item_id} has its {k} answers already (your claim on it had expired): nothing stored")
+        return True
 
 def _item_json(item: ReviewItem) -> dict:
     return {**asdict(item), "images": list(item.images)}

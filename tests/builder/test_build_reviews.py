@@ -29,8 +29,10 @@ def answer_everything(store: ReviewStore, rater: str, qualified) -> list[tuple[s
 def reviewed(demo_run_root, tmp_path_factory):
     root = tmp_path_factory.mktemp("reviews")
     run = demo_run_root / "demo-run" / "run"
-    rubric = create_review(run, root / "panel-a", mode="rubric", items=5, raters_per_item=2, seed=1)
-    realism = create_review(run, root / "panel-b", mode="realism", items=3, raters_per_item=1, seed=1)
+    rubric = create_review(run, root / "panel-a", mode="rubric", items=5, raters_per_item=2, seed=1,
+                           source_images=run.parent / "sources")
+    realism = create_review(run, root / "panel-b", mode="realism", items=3, raters_per_item=1, seed=1,
+                            source_images=run.parent / "sources")
     given = {"Dr. Ana": answer_everything(rubric, "Dr. Ana", lambda item: True),
              "Bo": answer_everything(rubric, "Bo", lambda item: item.item_id.endswith("2"))}
     given["dr. ana (realism)"] = answer_everything(realism, "DR. ANA", None)
@@ -95,3 +97,14 @@ def test_a_review_of_other_runs_is_refused_and_answers_outside_the_build_are_cou
     assert main(["build", str(builder_ours_run), "--out", str(tmp_path / "x"), "--reviews",
                  str(tmp_path / "nowhere"), "-q"]) == 2
     assert "not a review folder" in capsys.readouterr().err
+
+
+def test_review_reasons_drop_leaves_the_free_text_out(reviewed, demo_run_root, tmp_path):
+    _out, rubric, _realism, given = reviewed
+    run = demo_run_root / "demo-run" / "run"
+    out = tmp_path / "dataset"
+    assert main(["build", str(run), "--out", str(out), "--reviews", str(rubric.folder), "--review-reasons", "drop",
+                 "-q"]) == 0
+    rows = load_medbanana(out, "human_review", split="train").to_list()
+    assert len(rows) == len(rubric.answers()) and all(r["reason"] is None for r in rows)
+    assert any(answer.reason for answers in given.values() for _, answer in answers)  # there were reasons to drop

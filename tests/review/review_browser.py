@@ -52,14 +52,14 @@ def medbanana_command() -> list[str]:
 class ReviewServer:
     """`medbanana review ARGS --port PORT` as a real process; `kill()` is SIGKILL, `stop()` is Ctrl+C (SIGINT)."""
 
-    def __init__(self, args: list[str], port: int, log: Path):
-        self.args, self.port, self.log_path = [str(a) for a in args], port, log
+    def __init__(self, args: list[str], port: int, log: Path, env: dict | None = None):
+        self.args, self.port, self.log_path, self.env = [str(a) for a in args], port, log, env or {}
         self.url = f"http://127.0.0.1:{port}/"
         self.proc: subprocess.Popen | None = None
         self.log = None
 
     def start(self) -> ReviewServer:
-        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **self.env}
         env.pop("SPACE_ID", None)
         self.log = open(self.log_path, "a")  # noqa: SIM115 (the process writes to it until kill() or stop())
         self.proc = subprocess.Popen([*medbanana_command(), "review", *self.args, "--port", str(self.port)],
@@ -148,6 +148,10 @@ class ReviewPage:
         except NoSuchElementException:
             return ""
         return element.text if element.is_displayed() else ""
+
+    def instruction(self) -> str:
+        """The instruction as the page shows it: a read-only textbox's text (never rendered as markup)."""
+        return self.find("#instruction textarea").get_attribute("value")
 
     def header(self) -> str:
         return self.text("review-header")

@@ -48,8 +48,9 @@ def test_the_page_turns_its_inputs_into_an_answer():
 
 
 def test_on_a_space_raters_sign_in_with_hugging_face(small_run, tmp_path, monkeypatch):
-    run, _ = small_run
-    assert main(["review", str(run), "--out", str(tmp_path / "review"), "--items", "2", "--no-serve"]) == 0
+    run, sources = small_run
+    assert main(["review", str(run), "--out", str(tmp_path / "review"), "--items", "2", "--no-serve",
+                 "--source-images", str(sources)]) == 0
     from medbanana.review.app import build_page, load_gradio
 
     gr = load_gradio()
@@ -77,16 +78,18 @@ def test_on_a_space_raters_sign_in_with_hugging_face(small_run, tmp_path, monkey
 
 
 def test_bad_input_gives_one_clear_line(small_run, tmp_path, capsys):
-    run, _ = small_run
+    run, sources = small_run
     review = tmp_path / "review"
     assert "no such dataset or run" in review_error(capsys, [str(tmp_path / "nope"), "--out", str(review)])
     (tmp_path / "empty").mkdir()
     empty = review_error(capsys, [str(run), "--out", str(review), "--source-images", str(tmp_path / "empty")])
     assert "no edit with both its source and edited image" in empty
-    assert "--items must be at least 1" in review_error(capsys, [str(run), "--out", str(review), "--items", "0"])
+    assert "--items must be at least 1" in review_error(capsys, [str(run), "--out", str(review), "--items", "0",
+                                                                 "--source-images", str(sources)])
     assert not review.exists()
 
-    assert main(["review", str(run), "--out", str(review), "--items", "3", "--seed", "5", "--no-serve"]) == 0
+    assert main(["review", str(run), "--out", str(review), "--items", "3", "--seed", "5", "--no-serve",
+                 "--source-images", str(sources)]) == 0
     out = capsys.readouterr().out
     assert "created review" in out and "3 rubric items" in out and f"medbanana review {review}" in out
     assert "already holds a review" in review_error(capsys, [str(run), "--out", str(review), "--no-serve"])
@@ -102,9 +105,10 @@ def test_bad_input_gives_one_clear_line(small_run, tmp_path, capsys):
 
 
 def test_export_and_report_run_from_the_command_line(small_run, tmp_path, capsys):
-    run, _ = small_run
+    run, sources = small_run
     review = tmp_path / "review"
-    assert main(["review", str(run), "--out", str(review), "--items", "4", "--no-serve"]) == 0
+    assert main(["review", str(run), "--out", str(review), "--items", "4", "--no-serve",
+                 "--source-images", str(sources)]) == 0
     store = ReviewStore.open(review)
     for rater in ("Ana", "Ben"):
         while (item := store.next_item(rater)) is not None:
@@ -125,13 +129,14 @@ def test_export_and_report_run_from_the_command_line(small_run, tmp_path, capsys
 def test_a_taken_port_is_one_clear_line(small_run, tmp_path, capsys):
     import socket
 
-    run, _ = small_run
+    run, sources = small_run
     review = tmp_path / "review"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        line = review_error(capsys, [str(run), "--out", str(review), "--items", "2", "--port", port])
+        line = review_error(capsys, [str(run), "--out", str(review), "--items", "2", "--port", port,
+                                      "--source-images", str(sources)])
         assert f"cannot serve on 127.0.0.1:{port}: the port is in use" in line
         assert f"the review is created: serve it with `medbanana review {review}" in line
         assert "the port is in use" in review_error(capsys, [str(review), "--port", port])

@@ -60,7 +60,7 @@ def assert_blind(page: ReviewPage, store: ReviewStore) -> None:
     shown = store.item(page.item())
     assert page.find("#image-source img").get_attribute("src").endswith(Path(shown.images[0]).name)
     assert page.find("#image-edit img").get_attribute("src").endswith(Path(shown.images[1]).name)
-    assert shown.instruction in page.text("instruction")
+    assert page.instruction() == shown.instruction
     for item in store.items():
         hidden = [item.sample_id, item.sample_id.split("#")[0], item.stratum, item.dataset]
         if item.judge and item.judge.get("reason"):
@@ -73,8 +73,8 @@ def assert_blind(page: ReviewPage, store: ReviewStore) -> None:
 def test_two_raters_review_six_items_through_a_reload_a_killed_server_and_double_submits(small_run, tmp_path):
     run, sources = small_run
     review, port, log = tmp_path / "review", free_port(), tmp_path / "server.log"
-    server = ReviewServer([run, "--out", review, "--items", "6", "--raters-per-item", "2", "--seed", "1"], port,
-                          log).start()
+    server = ReviewServer([run, "--out", review, "--items", "6", "--raters-per-item", "2", "--seed", "1",
+                           "--source-images", sources], port, log).start()
     drivers, expected = [], {}
     try:
         store = ReviewStore.open(review)
@@ -195,9 +195,10 @@ def test_two_raters_review_six_items_through_a_reload_a_killed_server_and_double
 
 
 def test_realism_review_never_shows_one_source_both_real_and_edited(small_run, tmp_path):
-    run, _ = small_run
+    run, sources = small_run
     review = tmp_path / "realism"
-    server = ReviewServer([run, "--out", review, "--mode", "realism", "--items", "4", "--raters-per-item", "2"],
+    server = ReviewServer([run, "--out", review, "--mode", "realism", "--items", "4", "--raters-per-item", "2",
+                           "--source-images", sources],
                           free_port(), tmp_path / "server.log").start()
     driver, given = None, {}
     try:

@@ -40,8 +40,9 @@ def assert_covers_frame(box: dict) -> None:
 
 
 def test_a_rater_zooms_both_images_onto_the_same_spot_pans_resets_and_the_next_item_starts_unzoomed(tmp_path):
-    run, _ = make_run(tmp_path)
-    server = ReviewServer([run, "--out", tmp_path / "review", "--items", "2", "--raters-per-item", "1"], free_port(),
+    run, sources = make_run(tmp_path)
+    server = ReviewServer([run, "--out", tmp_path / "review", "--items", "2", "--raters-per-item", "1",
+                           "--source-images", sources], free_port(),
                           tmp_path / "server.log").start()
     driver = None
     try:

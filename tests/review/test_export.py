@@ -28,14 +28,18 @@ def review(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     make_synthetic_run(root / "run", flavor="ours", tasks_per_folder=3, datasets=("mimic_ours_cxr",
                        "brain_ours_mri"), sources_dir=root / "sources", seed=6)
-    store = create_review(root / "run", root / "review", mode="rubric", items=6, raters_per_item=3, seed=0)
-    items = store.items()
+    store = create_review(root / "run", root / "review", mode="rubric", items=6, raters_per_item=3, seed=0,
+                          source_images=root / "sources")
+    # the unanswered item: three raters take the first item and never answer it (their claims fill it); the store
+    # hands the others in order, and VOTES index them in that order
+    for idle in ("Dee", "Eve", "Fay"):
+        store.next_item(idle)
+    items = store.items()[1:] + store.items()[:1]
     for rater, answers in VOTES.items():
-        for item, labels in zip(items, answers):
-            if labels != "-":
-                assert store.submit(rater, item.item_id, Answer(**{d: c == "T" for d, c in
-                                                                   zip(VERDICT_BOOLEANS, labels)},
-                                                                reason=f"{rater} on {item.item_id}"))
+        while (item := store.next_item(rater)) is not None and (labels := answers[items.index(item)]) != "-":
+            assert store.submit(rater, item.item_id, Answer(**{d: c == "T" for d, c in zip(VERDICT_BOOLEANS, labels)},
+                                                            reason=f"{rater} on {item.item_id}"))
+    assert len(store.answers()) == sum(len(a) - a.count("-") for a in VOTES.values())
     return root, store, items
 
 
@@ -93,11 +97,13 @@ def test_refusals_are_clear(review, tmp_path):
         export_labels(root / "review", tmp_path / "x.csv", rater="Dee")
     with pytest.raises(ValueError, match="a rater name may hold"):
         export_labels(root / "review", tmp_path / "x.csv", rater="<b>")
-    create_review(root / "run", tmp_path / "empty", mode="rubric", items=2, raters_per_item=1, seed=0)
+    create_review(root / "run", tmp_path / "empty", mode="rubric", items=2, raters_per_item=1, seed=0,
+                  source_images=root / "sources")
     with pytest.raises(ValueError, match="no answers yet, nothing to export"):
         export_labels(tmp_path / "empty", tmp_path / "x.csv")
-    realism = create_review(root / "run", tmp_path / "realism", mode="realism", items=2, raters_per_item=1, seed=0)
-    realism.submit("Ann", realism.items()[0].item_id, Answer(guess="real", confidence=3))
+    realism = create_review(root / "run", tmp_path / "realism", mode="realism", items=2, raters_per_item=1, seed=0,
+                            source_images=root / "sources")
+    realism.submit("Ann", realism.next_item("Ann").item_id, Answer(guess="real", confidence=3))
     with pytest.raises(ValueError, match="realism review: its answers .* are not judge labels"):
         export_labels(tmp_path / "realism", tmp_path / "x.csv")
     with pytest.raises(FileNotFoundError, match="not a review folder"):

@@ -13,7 +13,7 @@ from medbanana.cli import main
 from medbanana.generation.records import VERDICT_BOOLEANS
 from medbanana.review.items import create_review
 from medbanana.review.report import write_report
-from medbanana.review.store import Answer
+from medbanana.review.store import Answer, ReviewStore
 from PIL import Image
 
 BOOT = 300  # resamples: enough for an interval, short to run
@@ -50,12 +50,14 @@ def kappa_by_hand(a: list[bool], b: list[bool]) -> float:
 @pytest.fixture(scope="module")
 def two_raters(run_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("rubric") / "review"
-    store = create_review(run_dir, folder, mode="rubric", items=8, raters_per_item=2, seed=1)
+    store = create_review(run_dir, folder, mode="rubric", items=8, raters_per_item=2, seed=1,
+                          source_images=run_dir.parent / "sources")
     items = store.items()
     assert len(items) == 8
-    for n, item in enumerate(items):
-        assert store.submit("Ann", item.item_id, rubric(ANN, n))
-        assert store.submit("Ben", item.item_id, rubric(BEN, n))
+    index = {item.item_id: n for n, item in enumerate(items)}
+    for rater, labels in (("Ann", ANN), ("Ben", BEN)):  # each answers what the store hands them, in its order
+        while (item := store.next_item(rater)) is not None:
+            assert store.submit(rater, item.item_id, rubric(labels, index[item.item_id]))
     out = folder.parent / "report"
     assert main(["review", "report", str(folder), "--out", str(out), "--bootstrap", str(BOOT)]) == 0
     return folder, items, out
@@ -130,22 +132,27 @@ def pairwise_auroc(edited: list[float], real: list[float]) -> float:
 
 
 def test_realism_accuracy_and_auroc_on_a_constructed_case(run_dir, tmp_path):
-    store = create_review(run_dir, tmp_path / "realism", mode="realism", items=8, raters_per_item=1, seed=2)
+    store = create_review(run_dir, tmp_path / "realism", mode="realism", items=8, raters_per_item=1, seed=2,
+                          source_images=run_dir.parent / "sources")
     items = store.items()
-    # the edited images: Ann says "edited" with confidence 1..5 in turn (every third one "real", 2);
-    # the real images: Ben says "real", confidence 3, except every second one "edited", 1
+    # the edited images: "edited" with confidence 1..5 in turn (every third one "real", 2);
+    # the real images: "real", confidence 3, except every second one "edited", 1
     expected: dict[str, dict[str, list]] = {}
-    for n, item in enumerate(items):
-        if item.shown == "edited":
-            guess, confidence, rater = ("real", 2, "Ann") if n % 3 == 0 else ("edited", 1 + n % 5, "Ann")
-        else:
-            guess, confidence, rater = ("edited", 1, "Ben") if n % 2 else ("real", 3, "Ben")
-        assert store.submit(rater, item.item_id, Answer(guess=guess, confidence=confidence))
-        score = 0.5 + (confidence if guess == "edited" else -confidence) / 10
-        for group in ("all", item.modality):
-            entry = expected.setdefault(group, {"edited": [], "real": [], "correct": []})
-            entry[item.shown].append(score)
-            entry["correct"].append(guess == item.shown)
+    index = {item.item_id: n for n, item in enumerate(items)}
+    for rater in ("Ann", "Ben", "Cy"):  # one form of each source per rater: the store hands the rest to the next
+        while (item := store.next_item(rater)) is not None:
+            n = index[item.item_id]
+            if item.shown == "edited":
+                guess, confidence = ("real", 2) if n % 3 == 0 else ("edited", 1 + n % 5)
+            else:
+                guess, confidence = ("edited", 1) if n % 2 else ("real", 3)
+            assert store.submit(rater, item.item_id, Answer(guess=guess, confidence=confidence))
+            score = 0.5 + (confidence if guess == "edited" else -confidence) / 10
+            for group in ("all", item.modality):
+                entry = expected.setdefault(group, {"edited": [], "real": [], "correct": []})
+                entry[item.shown].append(score)
+                entry["correct"].append(guess == item.shown)
+    assert len(store.answers()) == len(items)  # every item answered once
     report_md = write_report(tmp_path / "realism", tmp_path / "out", bootstrap=BOOT)
     rows = {r["group"]: r for r in json.loads(report_md.with_name("report.json").read_text())["realism"]["groups"]}
     assert set(rows) == set(expected) and len(expected) == 3  # all + two modalities
@@ -163,24 +170,35 @@ def test_realism_accuracy_and_auroc_on_a_constructed_case(run_dir, tmp_path):
 
 def test_what_cannot_be_computed_is_said(run_dir, tmp_path):
     # one rater, three items: no agreement statistic, no interval; the judge comparison still works
-    store = create_review(run_dir, tmp_path / "one", mode="rubric", items=3, raters_per_item=2, seed=0)
-    for n, item in enumerate(store.items()):
-        store.submit("Ann", item.item_id, rubric(ANN, n))
+    store = create_review(run_dir, tmp_path / "one", mode="rubric", items=3, raters_per_item=2, seed=0,
+                          source_images=run_dir.parent / "sources")
+    index = {item.item_id: n for n, item in enumerate(store.items())}
+    while (item := store.next_item("Ann")) is not None:
+        store.submit("Ann", item.item_id, rubric(ANN, index[item.item_id]))
     text = write_report(tmp_path / "one", tmp_path / "one-out", bootstrap=BOOT).read_text()
     assert "Cohen's kappa, has_disease, structure_reasonable, looks_realistic, fidelity_preserved, qualified: " \
            "cannot be computed: needs exactly two raters; 1 answered." in text
     assert "Krippendorff's alpha, has_disease" in text and "cannot be computed: no item has two answers" in text
     assert "no interval: 3 item(s) are too few to resample" in text
+    settings = ReviewStore.open(tmp_path / "one").settings  # the blinding measure, kept from the review's creation
+    assert ("Blinding: the instructions shown tell round 1 from later rounds with AUROC" in text
+            if settings.round_auroc is not None else f"Blinding: {settings.round_auroc_note}." in text)
     assert not any(math.isnan(v) for v in _numbers(json.loads((tmp_path / "one-out" / "report.json").read_text())))
     assert "nan" not in text.lower()
     # realism with only edited images answered: no AUROC; a review without answers: coverage only
-    store = create_review(run_dir, tmp_path / "edited-only", mode="realism", items=6, raters_per_item=1, seed=0)
-    for item in store.items():
+    store = create_review(run_dir, tmp_path / "edited-only", mode="realism", items=6, raters_per_item=1, seed=0,
+                          source_images=run_dir.parent / "sources")
+    raters = iter(f"rater {n}" for n in range(20))
+    rater = next(raters)
+    while (item := store.next_item(rater)) is not None:
         if item.shown == "edited":
-            store.submit("Ann", item.item_id, Answer(guess="edited", confidence=4))
+            store.submit(rater, item.item_id, Answer(guess="edited", confidence=4))
+        else:  # a real image is left unanswered: its rater stops there, and the next takes the rest
+            rater = next(raters)
     text = write_report(tmp_path / "edited-only", tmp_path / "eo-out", bootstrap=BOOT).read_text()
     assert "AUROC, all" in text and "cannot be computed: needs answers on both real and edited images" in text
-    create_review(run_dir, tmp_path / "empty", mode="rubric", items=2, raters_per_item=2, seed=0)
+    create_review(run_dir, tmp_path / "empty", mode="rubric", items=2, raters_per_item=2, seed=0,
+                  source_images=run_dir.parent / "sources")
     text = write_report(tmp_path / "empty", tmp_path / "empty-out", bootstrap=BOOT).read_text()
     assert "No answers yet" in text and "2 items, 0 rater(s), 0 answers" in text
 

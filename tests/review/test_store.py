@@ -27,9 +27,12 @@ def run(demo_run_root) -> Path:
 
 
 def test_the_sample_is_seeded_stratified_and_blind(run, tmp_path):
-    first = create_review(run, tmp_path / "a", mode="rubric", items=6, raters_per_item=2, seed=5).items()
-    again = create_review(run, tmp_path / "b", mode="rubric", items=6, raters_per_item=2, seed=5).items()
-    other = create_review(run, tmp_path / "c", mode="rubric", items=6, raters_per_item=2, seed=6).items()
+    first = create_review(run, tmp_path / "a", mode="rubric", items=6, raters_per_item=2, seed=5,
+                          source_images=run.parent / "sources").items()
+    again = create_review(run, tmp_path / "b", mode="rubric", items=6, raters_per_item=2, seed=5,
+                          source_images=run.parent / "sources").items()
+    other = create_review(run, tmp_path / "c", mode="rubric", items=6, raters_per_item=2, seed=6,
+                          source_images=run.parent / "sources").items()
     assert [i.sample_id for i in first] == [i.sample_id for i in again]
     assert [i.sample_id for i in first] != [i.sample_id for i in other]
     # three modalities, two directions, both outcomes in the pool: six items cover them evenly
@@ -45,7 +48,8 @@ def test_the_sample_is_seeded_stratified_and_blind(run, tmp_path):
 
 
 def test_realism_items_never_show_one_rater_a_source_both_ways(run, tmp_path):
-    store = create_review(run, tmp_path / "r", mode="realism", items=8, raters_per_item=3, seed=0)
+    store = create_review(run, tmp_path / "r", mode="realism", items=8, raters_per_item=3, seed=0,
+                          source_images=run.parent / "sources")
     items = store.items()
     assert Counter(i.shown for i in items)["edited"] == 8 and {i.shown for i in items} == {"real", "edited"}
     assert all(i.judge is None for i in items if i.shown == "real")
@@ -59,7 +63,8 @@ def test_realism_items_never_show_one_rater_a_source_both_ways(run, tmp_path):
 
 
 def test_each_item_reaches_k_raters_claims_hold_and_a_reload_resumes(run, tmp_path):
-    store = create_review(run, tmp_path / "k", mode="rubric", items=3, raters_per_item=2, seed=1)
+    store = create_review(run, tmp_path / "k", mode="rubric", items=3, raters_per_item=2, seed=1,
+                          source_images=run.parent / "sources")
     shown = store.next_item("Ana")
     assert store.next_item("Ana").item_id == shown.item_id  # a reload shows the same item
     assert store.next_item("Bo").item_id == shown.item_id  # K = 2: a second rater may take it
@@ -74,7 +79,8 @@ def test_each_item_reaches_k_raters_claims_hold_and_a_reload_resumes(run, tmp_pa
 
 
 def test_answers_are_append_only_and_checked(run, tmp_path):
-    store = create_review(run, tmp_path / "c", mode="rubric", items=2, raters_per_item=1, seed=1)
+    store = create_review(run, tmp_path / "c", mode="rubric", items=2, raters_per_item=1, seed=1,
+                          source_images=run.parent / "sources")
     item = store.next_item("Ana")
     assert store.submit("Ana", item.item_id, YES) is True
     assert store.submit("Ana", item.item_id, Answer(False, False, False, False, False)) is False  # double submit
@@ -91,7 +97,8 @@ def test_answers_are_append_only_and_checked(run, tmp_path):
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             db.execute(statement)
     with pytest.raises(ValueError, match="already holds a review"):
-        create_review(run, tmp_path / "c", mode="rubric", items=2, raters_per_item=1, seed=1)
+        create_review(run, tmp_path / "c", mode="rubric", items=2, raters_per_item=1, seed=1,
+                      source_images=run.parent / "sources")
 
 
 def test_bad_inputs_say_what_is_wrong(run, tmp_path, builder_original_run):
@@ -103,7 +110,8 @@ def test_bad_inputs_say_what_is_wrong(run, tmp_path, builder_original_run):
     with pytest.raises(ValueError, match="--source-images"):  # released data: sources are not in the run
         read_edits(builder_original_run)
     with pytest.raises(ValueError, match="--mode"):
-        create_review(run, tmp_path / "m", mode="vibes", items=2, raters_per_item=1, seed=0)
+        create_review(run, tmp_path / "m", mode="vibes", items=2, raters_per_item=1, seed=0,
+                      source_images=run.parent / "sources")
     with pytest.raises(FileNotFoundError, match="not a review folder"):
         ReviewStore.open(tmp_path / "empty")
 
@@ -116,7 +124,8 @@ def _rate_until_done(folder: str, rater: str) -> int:
 
 
 def test_raters_in_parallel_processes_never_overfill_an_item(run, tmp_path):
-    store = create_review(run, tmp_path / "p", mode="rubric", items=10, raters_per_item=1, seed=2)
+    store = create_review(run, tmp_path / "p", mode="rubric", items=10, raters_per_item=1, seed=2,
+                          source_images=run.parent / "sources")
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         answered = pool.starmap(_rate_until_done, [(str(store.folder), f"rater {n}") for n in range(4)])
     assert sum(answered) == 10
@@ -136,7 +145,8 @@ while (item := store.next_item("Ana")) is not None:
 
 
 def test_an_answer_acknowledged_survives_a_killed_process(run, tmp_path):
-    store = create_review(run, tmp_path / "x", mode="rubric", items=4, raters_per_item=1, seed=3)
+    store = create_review(run, tmp_path / "x", mode="rubric", items=4, raters_per_item=1, seed=3,
+                          source_images=run.parent / "sources")
     proc = subprocess.Popen([sys.executable, "-c", KILLED_RATER, str(store.folder)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     acknowledged = [proc.stdout.readline().strip()]
@@ -151,8 +161,80 @@ def test_an_answer_acknowledged_survives_a_killed_process(run, tmp_path):
 
 
 def test_refined_instructions_do_not_tell_the_round(run, tmp_path):
-    items = create_review(run, tmp_path / "i", mode="rubric", items=24, raters_per_item=1, seed=0).items()
+    items = create_review(run, tmp_path / "i", mode="rubric", items=24, raters_per_item=1, seed=0,
+                          source_images=run.parent / "sources").items()
     later = [i for i in items if not i.sample_id.endswith("#1")]
     assert later, "the sample holds no refined (round 2+) instruction to check"
     assert all(i.instruction.startswith(("Add", "Take", "Remove")) for i in items)
     assert not any("previous attempt" in i.instruction.lower() for i in items)
+
+
+def test_the_store_decides_what_is_stored_whatever_a_client_sends(run, tmp_path, monkeypatch):
+    from medbanana.review import store as store_module
+    from medbanana.review.store import NotGiven
+
+    store = create_review(run, tmp_path / "s", mode="rubric", items=2, raters_per_item=1, seed=1,
+                          source_images=run.parent / "sources")
+    shown = store.next_item("Ana")
+    other = next(i for i in store.items() if i.item_id != shown.item_id)
+    with pytest.raises(NotGiven, match="not given to Ana"):  # an item never handed to her
+        store.submit("Ana", other.item_id, YES)
+    with pytest.raises(NotGiven, match="not given to Bo"):  # Ana's item, answered under another name
+        store.submit("Bo", shown.item_id, YES)
+    assert store.answers() == []
+    # a claim that expired: the item is handed again, and the second answer is refused at K = 1
+    monkeypatch.setattr(store_module, "CLAIM_SECONDS", -1)
+    assert store.next_item("Bo").item_id == shown.item_id
+    assert store.submit("Bo", shown.item_id, YES)
+    with pytest.raises(NotGiven, match="has its 1 answers"):
+        store.submit("Ana", shown.item_id, YES)
+    assert Counter(a.item_id for a in store.answers()) == {shown.item_id: 1}
+
+    realism = create_review(run, tmp_path / "r", mode="realism", items=2, raters_per_item=2, seed=0,
+                            source_images=run.parent / "sources")
+    first = realism.next_item("Cy")
+    twin = next(i for i in realism.items() if i.pair_id == first.pair_id and i.item_id != first.item_id)
+    assert realism.submit("Cy", first.item_id, Answer(guess="real", confidence=2))
+    with pytest.raises(NotGiven):  # the other form of the source Cy answered
+        realism.submit("Cy", twin.item_id, Answer(guess="edited", confidence=2))
+    assert [(a.rater, a.item_id) for a in realism.answers()] == [("Cy", first.item_id)]
+
+
+def test_a_review_folder_is_never_written_through_a_symlink(run, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in (DB_NAME, IMAGES):
+        folder = tmp_path / f"linked-{name}"
+        folder.mkdir()
+        (folder / name).symlink_to(outside / name)
+        with pytest.raises(ValueError, match="symlink"):
+            create_review(run, folder, mode="rubric", items=2, raters_per_item=1, seed=0,
+                          source_images=run.parent / "sources")
+    assert list(outside.iterdir()) == []
+
+
+def test_review_reads_only_inside_the_run_it_is_given(tmp_path, capsys):
+    from medbanana.builder.synthetic_run import make_synthetic_run
+    from medbanana.cli import main
+
+    run = tmp_path / "run"
+    make_synthetic_run(run, flavor="ours", tasks_per_folder=3, datasets=("mimic_ours_cxr",),
+                       sources_dir=tmp_path / "sources", image_size=64, seed=2)
+    # the run's medbanana-run.json names the sources beside it: a hint, confirmed with --source-images
+    assert main(["review", str(run), "--out", str(tmp_path / "r0"), "--no-serve"]) != 0
+    err = capsys.readouterr().err
+    assert f"--source-images {tmp_path / 'sources'}" in err and len(err.strip().splitlines()) == 1
+    # an accepted image replaced by a link to a file outside the run: left out, said in one line
+    secret = tmp_path / "secret.jpeg"
+    image = next(p for p in sorted(run.rglob("*.jpeg")) if "failed" not in str(p))
+    secret.write_bytes(image.read_bytes())
+    image.unlink()
+    image.symlink_to(secret)
+    assert main(["review", str(run), "--out", str(tmp_path / "r1"), "--no-serve", "--items", "50",
+                 "--source-images", str(tmp_path / "sources")]) == 0
+    err = capsys.readouterr().err
+    assert "skipped 1 edit(s) whose image leads outside" in err
+    shown = {i.images[1] for i in ReviewStore.open(tmp_path / "r1").items()}
+    from medbanana.review.items import _write_png  # the name the secret would have in the review
+    (tmp_path / "probe" / IMAGES).mkdir(parents=True)
+    assert _write_png(tmp_path / "probe", secret.read_bytes()) not in shown

@@ -1,10 +1,13 @@
 """Template instruction writer and rule-based refiner (deterministic given the task and the history).
 
-Round 1 asks for the smallest convincing change: a subtle finding of medium size with the target's usual margins,
-matched grain, on a side chosen from the task key, plus the fidelity and negative rules of the prompt templates
-(keep everything else, no text/arrows/labels, no painted patches). Later rounds read every earlier instruction
-(parsed back into parameters) and verdict, adjust the parameters by the failure reasons in the last verdict, and
-never repeat a parameter set that was already tried.
+`first_params` is the smallest convincing change: a subtle finding of medium size with the target's usual margins,
+matched grain, on a side chosen from the task key. Round 1 starts from a variation of it seeded by the task key
+(`opening_params`) over the levels later rounds reach, so that a first instruction reads like a refined one: a rater
+of a blind review cannot tell the round from the wording. Every instruction states the fidelity and negative rules of
+the prompt templates (keep everything else, no text/arrows/labels, no painted patches) and is self-contained: it
+never mentions attempts, rounds, the judge or feedback (those go to the thinking summary). Later rounds read every
+earlier instruction (parsed back into parameters) and verdict, adjust the parameters by the failure reasons in the
+last verdict, and never repeat a parameter set that was already tried.
 """
 
 from __future__ import annotations
@@ -38,6 +41,22 @@ def first_params(task: Task) -> EditParams:
     intensity = 1 if task.direction == "add" else 3
     return EditParams(intensity=intensity, size=1, softness=DEFAULT_SOFTNESS.get(task.disease, 2), grain=1,
                       side=side)
+
+
+# Round 1's seeded levels: (add, remove) choices per dimension, or offsets from first_params for softness
+OPENING = {"intensity": ((1, 2, 2, 3), (3, 3, 4)), "size": ((1, 1, 2), (1, 2, 3)), "grain": ((1, 2), (1, 2)),
+           "tone": ((0, 1), (0, 1))}
+SOFTNESS_OFFSETS = (-1, 0, 0, 1)
+
+
+def opening_params(task: Task) -> EditParams:
+    """Round 1's parameters: first_params varied by the task key over the levels refinement reaches."""
+    base, seed = first_params(task), hashlib.sha256(f"opening|{task.key}".encode()).digest()
+    column = 0 if task.direction == "add" else 1
+    levels = {name: choices[column][seed[n] % len(choices[column])] for n, (name, choices) in
+              enumerate(OPENING.items())}
+    softness = base.step("softness", SOFTNESS_OFFSETS[seed[len(OPENING)] % len(SOFTNESS_OFFSETS)]).softness
+    return replace(base, **levels, softness=softness, inward=seed[len(OPENING) + 1] % 4 == 0)
 
 
 def refine(task: Task, history: list[Attempt]) -> tuple[EditParams, list[str]]:
@@ -113,8 +132,9 @@ def _side_phrase(task: Task, params: EditParams) -> str:
     return f" of the patient's {params.side} {organ} ({image_side} side of the image)"
 
 
-def compose(task: Task, params: EditParams, notes: list[str] | None = None) -> str:
-    """The instruction text for these parameters (phrases from params.py, so the editor reads them back)."""
+def compose(task: Task, params: EditParams) -> str:
+    """The instruction text for these parameters (phrases from params.py, so the editor reads them back): the same
+    self-contained wording in every round."""
     taxonomy = load_taxonomy()
     label = taxonomy.target(task.disease, task.modality)
     view = taxonomy.modality(task.modality).view
@@ -140,13 +160,12 @@ def compose(task: Task, params: EditParams, notes: list[str] | None = None) -> s
     if params.tone:
         keep += " Keep identical global brightness, contrast and histogram across the whole image."
     lines += [keep, f"Make the smallest change that {goal}, with no blurred or painted patches."]
-    if notes:
-        lines.append("Compared with the previous attempts: " + "; ".join(notes) + ".")
     return " ".join(lines)
 
 
 class TemplateWriter(InstructionWriter):
-    """Round 1 from templates; later rounds from the full history (see `refine`)."""
+    """Round 1 from templates; later rounds from the full history (see `refine`); why a round changed what it asks
+    goes to the thinking summary, never into the instruction."""
 
     name = "simulator"
 
@@ -155,13 +174,13 @@ class TemplateWriter(InstructionWriter):
 
     async def write(self, task: Task, source: SourceImage, history: list[Attempt]) -> Instruction:
         if not history:
-            params = first_params(task)
-            summary = f"Round 1: smallest convincing change ({_summary(params)})."
+            params = opening_params(task)
+            summary = f"Round 1: a seeded starting point ({_summary(params)})."
             return Instruction(text=compose(task, params), thinking_summary=summary, model=self.model)
         params, notes = refine(task, history)
         failures = "; ".join(f"round {a.round}: {a.verdict.reason if a.verdict else a.edit_error}" for a in history)
-        summary = f"Round {len(history) + 1} after {failures} -> {_summary(params)}."
-        return Instruction(text=compose(task, params, notes), thinking_summary=summary, model=self.model)
+        summary = f"Round {len(history) + 1} after {failures}: {'; '.join(notes) or 'no change'} -> {_summary(params)}."
+        return Instruction(text=compose(task, params), thinking_summary=summary, model=self.model)
 
 
 def _summary(params: EditParams) -> str:

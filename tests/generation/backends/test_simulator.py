@@ -159,7 +159,9 @@ def _drive(task, source, rounds=5, seed=0):
 
 
 def test_refinement_turns_a_too_subtle_edit_into_a_pass(sources):
-    source = SourceImage(sources["chest_xray"])
+    path = sources["chest_xray"].with_name("s3.jpeg")  # a source whose seeded first round asks for a subtle finding
+    path.write_bytes(sources["chest_xray"].read_bytes())
+    source = SourceImage(path)
     task = _task("chest_xray", "Lung_Opacity", source.path)
     history = _drive(task, source)
     assert "too subtle" in history[0].verdict.reason.lower()
