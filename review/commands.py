@@ -127,6 +127,10 @@ def _refuse_options(args, form: str) -> None:
 def run_create(args, source: Path) -> int:
     from .items import create_review
 
+    if not args.no_serve:  # a missing gradio is said before the folder is made, not after a minute of preparing
+        from .app import load_gradio
+
+        load_gradio()
     store = create_review(source, args.out, mode=args.mode or "rubric",
                           items=DEFAULT_ITEMS if args.items is None else args.items,
                           raters_per_item=DEFAULT_RATERS if args.raters_per_item is None else args.raters_per_item,

@@ -74,7 +74,8 @@ def test_a_missing_extra_is_one_line_naming_it(demo, tmp_path, modules, extra, a
 
 def test_review_report_without_krippendorff_is_one_line(demo, tmp_path):
     made = subprocess.run([sys.executable, "-m", "medbanana", "review", str(demo / "run"), "--out",
-                           str(tmp_path / "review"), "--items", "4", "--no-serve"], capture_output=True, text=True)
+                           str(tmp_path / "review"), "--items", "4", "--no-serve", "--source-images",
+                           str(demo / "sources")], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     result = run_without("krippendorff", "review", "report", str(tmp_path / "review"), "--out",
                          str(tmp_path / "report"), cwd=tmp_path)
