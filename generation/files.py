@@ -11,6 +11,7 @@ at the target by the file instead of writing where it points. `create_new` is fo
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -26,6 +27,19 @@ def create_new(path: Path, mode: int = 0o666, flags: int = 0) -> int:
     umask) from the start; FileExistsError when anything is at `path`, a symbolic link included (dangling or not:
     it is not followed)."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | flags, mode)
+
+
+def open_append(path: Path):
+    """`open(path, "ab")` that never writes through a symbolic link at `path` (journals and manifests are appended
+    to, not replaced): a link there is refused with one line (ValueError), whatever it points to."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symbolic link; medbanana appends only to a file of its own there "
+                             "(remove the link)") from None
+        raise
+    return os.fdopen(fd, "ab")
 
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o666) -> None:

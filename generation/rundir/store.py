@@ -28,7 +28,8 @@ from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
 from .schema import attempt_from_round
 from ..records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome
-from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, read_jsonl, same_bytes  # noqa: F401 (re-exported)
+from ..files import (TEMP_NAME, atomic_write_bytes, atomic_write_json, open_append, read_jsonl,  # noqa: F401
+                     same_bytes)  # (some re-exported)
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
@@ -98,7 +99,7 @@ class RunStore:
         self._replay(entries)
         self._reconcile(entries)
         atomic_write_json(cfg_path, self.config)
-        self._journal = open(journal_path, "ab")
+        self._journal = open_append(journal_path)
         if journal_path.stat().st_size and not _ends_with_newline(journal_path):
             self._journal.write(b"\n")  # after a torn line, start clean
         return self

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..files import atomic_write_bytes, atomic_write_json, read_jsonl
+from ..files import atomic_write_bytes, atomic_write_json, open_append, read_jsonl
 from ..taxonomy import load_taxonomy
 from .adapters import AdapterOptions, Candidate, DatasetSource, PrepareError, Problem, load_dataset_sources
 from .adapters.base import not_regular
@@ -207,7 +207,7 @@ def _write_prepared(out: Path, rel: str, data: bytes, row: dict, original_path: 
     try:
         atomic_write_bytes(out / rel, data)
         if original_path is not None:
-            with open(out / PRIVATE, "ab") as private:
+            with open_append(out / PRIVATE) as private:
                 private.write(_json_line({"path": rel, "original_path": original_path}))
         manifest.write(_json_line(row))
         manifest.flush()
@@ -240,7 +240,7 @@ def prepare(kind: str, root: Path, out: Path, adapter_opts: AdapterOptions | Non
                                f"{opts.image.fingerprint()}. Use another --out or the same --size/--aspect/--quality.")
     out.mkdir(parents=True, exist_ok=True)
     report, sections = _read_report(out), {}
-    with open(out / MANIFEST, "ab") as manifest, ThreadPoolExecutor(max(1, opts.workers)) as pool:
+    with open_append(out / MANIFEST) as manifest, ThreadPoolExecutor(max(1, opts.workers)) as pool:
         for src in sources:
             rows = [r for r in existing if r.get("dataset") == src.name]
             section = prepare_source(src, out, opts, rows, manifest, pool)

@@ -3,7 +3,8 @@
 Each test plants links (dangling, and to an existing file) outside the folder the user named, runs the real CLI
 (`keys init`, `generate`, `build`) and checks that nothing outside was created or changed: keys refuse a link at
 their names (or, with --force, replace the link), a lock file that is a link is refused with one line, the run's
-JSON files (temp file + rename) replace a link, and a cache log is never opened through a link.
+JSON files (temp file + rename) replace a link, the journal and prepare's manifest (appended to) refuse
+one, and a cache log is never opened through a link.
 """
 
 from __future__ import annotations
@@ -113,6 +114,30 @@ def test_build_refuses_a_link_at_the_lock_beside_its_output(tmp_path, outside, s
     assert "is a symbolic link" in _one_line(capsys)
     _assert_untouched(outside)
     assert not dataset.exists()
+
+
+@pytest.mark.parametrize("target", ["missing.txt", "existing.txt"])
+def test_a_journal_that_is_a_link_is_refused_in_one_line_and_not_appended_to(tmp_path, outside, sources, capsys,
+                                                                              target):
+    """The journal is appended to, not replaced: a link at its name is refused, whatever it points to."""
+    run = tmp_path / "run"
+    assert _generate(sources, run) == 0
+    (run / layout.JOURNAL).unlink()
+    (run / layout.JOURNAL).symlink_to(outside / target)
+    assert _generate(sources, run) == 2
+    assert "is a symbolic link" in _one_line(capsys)
+    _assert_untouched(outside)
+
+
+def test_prepare_refuses_a_link_at_its_manifest(tmp_path, outside, capsys):
+    root = tmp_path / "in"
+    write_jpeg(root / "MIMIC_x" / "normal" / "a.jpeg", 1, size=64)
+    out = tmp_path / "sources"
+    out.mkdir()
+    (out / "prepare_manifest.jsonl").symlink_to(outside / "existing.txt")
+    assert main(["prepare", "folders", str(root), "--out", str(out)]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    _assert_untouched(outside)
 
 
 # ---------------------------------------------------------------- the run's files and the caches
