@@ -1,12 +1,12 @@
 """Upload a built dataset folder to the Hugging Face Hub so that the repository is never half-published.
 
 The remote listing is compared with the folder's SHA256SUMS first: nothing differs, nothing is sent ("up to date").
-Otherwise the data files that differ (parquet shards, the figure) go first, with `HfApi.upload_folder`, which may
-split them into several commits; then one final commit holds the card and the manifest (README.md,
-medbanana-build.json, SHA256SUMS) and deletes this dataset's remote files the manifest no longer lists (stale
-shards that `sft/train-*.parquet` would still match). Until that commit lands, the previous card and manifest stay,
-and so does every file they name (a shard the new build writes under the same name is replaced by a data commit,
-since shard names are `<split>-<i>-of-<n>`); re-running the same command resumes an interrupted upload.
+Otherwise the data files that differ (parquet shards, the figure) are uploaded ahead (`HfApi.preupload_lfs_files`:
+their contents reach the Hub's storage but no revision names them), then ONE commit (`HfApi.create_commit`) adds
+them with the card and the manifest (README.md, medbanana-build.json, SHA256SUMS) and deletes this dataset's remote
+files the manifest no longer lists (stale shards that `sft/train-*.parquet` would still match). A reader sees the
+previous revision or the new one, never a mix; an upload interrupted before that commit leaves the previous dataset
+as it was, and re-running the same command sends it again (content already uploaded is not sent twice).
 
 Only files the build writes are ever deleted: `*.parquet` under the config folders (sft/, failed/, dpo_pairs/,
 conversations/, judge/) and the root files README.md, medbanana-build.json, SHA256SUMS, figure3.png. Anything else a
@@ -24,9 +24,9 @@ the endpoint and what to check. The folder's SHA256SUMS is checked first, so a d
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from .output import BUILD_INFO, OWN_FILES, README
 CARD_FILES = (README, BUILD_INFO, MANIFEST)
 # Root files the build writes: a remote one the build no longer has is stale.
 _BUILD_ROOT_FILES = OWN_FILES
-_RESUME = "; the repository's card is unchanged until the last commit: run the same command again to resume"
+_RESUME = "; the published dataset is unchanged until the one commit lands: run the same command again to resume"
 
 # Exception modules of the HTTP stacks huggingface_hub may use: their errors mean the endpoint was not reached.
 _NETWORK_MODULES = {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3", "ssl", "socket"}
@@ -117,22 +117,17 @@ def upload(folder: Path, repo_id: str, *, private: bool | None = None, revision:
         changed, stale = plan(local, _remote_files(api, repo_id, revision))
         result = UploadResult(url=str(repo_url), files=len(local), sent=changed, deleted=stale)
         resume = _RESUME
-        data = [p for p in changed if p not in CARD_FILES]
+        data = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=folder / p) for p in changed
+                if p not in CARD_FILES]
+        card = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=folder / p) for p in changed if p in CARD_FILES]
         if data:
-            step = f"uploading {len(data)} data file(s) of {folder.name}"
-            commit = api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="dataset", revision=revision,
-                                       commit_message=f"{message}: data",
-                                       allow_patterns=[glob.escape(p) for p in data])
-            result.url = commit.commit_url
-        card = [p for p in changed if p in CARD_FILES]
-        if card or stale:
-            step = f"committing the card and manifest of {folder.name}"
-            operations = ([CommitOperationAdd(path_in_repo=p, path_or_fileobj=folder / p) for p in card] +
-                          [CommitOperationDelete(path_in_repo=p) for p in stale])
-            commit = api.create_commit(repo_id, operations, repo_type="dataset", revision=revision,
-                                       commit_message=f"{message}: card and manifest" +
-                                                      (f", {len(stale)} stale file(s) deleted" if stale else ""))
-            result.url = commit.commit_url
+            step = f"uploading {len(data)} data file(s) of {folder.name} ahead of the commit"
+            api.preupload_lfs_files(repo_id, additions=data, repo_type="dataset", revision=revision)
+        step = f"publishing {folder.name} in one commit"
+        commit = api.create_commit(repo_id, data + card + [CommitOperationDelete(path_in_repo=p) for p in stale],
+                                   repo_type="dataset", revision=revision,
+                                   commit_message=message + (f" ({len(stale)} stale file(s) deleted)" if stale else ""))
+        result.url = commit.commit_url
     except Exception as exc:  # a refusal or a network failure becomes one line; anything else is a bug, re-raised
         failure = hub_failure(exc, step, api.endpoint, repo_id)
         if failure is None:
@@ -180,7 +175,18 @@ def hub_failure(exc: BaseException, step: str, endpoint: str, repo_id: str) -> U
     if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.split(".")[0] in _NETWORK_MODULES:
         return UploadError(_one_line(f"{step} failed: could not reach {endpoint} ({type(exc).__name__}: {exc}); "
                                      "check HF_ENDPOINT and the network (proxy, firewall)"))
+    if _raised_in_huggingface_hub(exc):  # an answer the client could not read: the endpoint's doing, not a bug here
+        return UploadError(_one_line(f"{step} failed: {endpoint} gave an answer huggingface_hub cannot read "
+                                     f"({type(exc).__name__}: {exc}); check that HF_ENDPOINT is a Hugging Face Hub"))
     return None
+
+
+def _raised_in_huggingface_hub(exc: BaseException) -> bool:
+    import huggingface_hub
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    package = str(Path(huggingface_hub.__file__).parent)
+    return bool(frames) and frames[-1].filename.startswith(package)
 
 
 def _one_line(text: str) -> str:

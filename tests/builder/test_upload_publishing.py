@@ -59,6 +59,8 @@ class Hub(JSONHandler):
 
     def do_GET(self):
         hub, path = self.server.hub, urlsplit(self.path).path
+        if path.startswith(f"/api/datasets/{REPO}/tree/main") and hub["tree_answer"] is not None:
+            return self._json(hub["tree_answer"])  # a 200 whose JSON is not what the client expects
         if path.startswith(f"/api/datasets/{REPO}/tree/main"):
             folders = {"/".join(p.split("/")[:i]) for p in hub["files"] for i in range(1, p.count("/") + 1)}
             return self._json([{"type": "directory", "oid": "1" * 40, "path": f} for f in sorted(folders)] +
@@ -70,6 +72,10 @@ class Hub(JSONHandler):
 
     def _commit(self, body: bytes):
         hub = self.server.hub
+        if hub["on_commit"]:  # the uploading process is killed as its commit arrives: the commit never lands,
+            hub["on_commit"]()  # as when a process dies between its pre-upload and its commit
+            self.close_connection = True
+            return None
         if hub["fail_after"] is not None and len(hub["commits"]) >= hub["fail_after"]:
             return self._json({"error": "stub: the connection was cut here"}, 422)  # 422: not retried, fast
         lines = [json.loads(line) for line in body.splitlines()]
@@ -109,7 +115,8 @@ class Hub(JSONHandler):
 @pytest.fixture
 def hub(monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    server.hub = {"files": {}, "commits": [], "creates": [], "exists": False, "fail_after": None, "private": False}
+    server.hub = {"files": {}, "commits": [], "creates": [], "exists": False, "fail_after": None, "private": False,
+                  "on_commit": None, "tree_answer": None}
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
     monkeypatch.setenv("HF_TOKEN", TOKEN)
@@ -126,15 +133,6 @@ def builds(builder_original_run, tmp_path_factory) -> dict[str, Path]:
     build([builder_original_run], root / "many", max_shard_size="20KB", quiet=True)
     build([builder_original_run], root / "few", quiet=True)
     return {"many": root / "many", "few": root / "few"}
-
-
-@pytest.fixture
-def small_commits(monkeypatch):
-    """upload_folder's pipeline commits every ~100 MB of regular files: 1 byte makes each file its own commit, as
-    a large dataset's upload would be split."""
-    import huggingface_hub._upload_pipeline as pipeline
-
-    monkeypatch.setattr(pipeline, "REGULAR_CONTENT_BYTES_BUDGET", 1)
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -176,42 +174,63 @@ def test_reupload_of_a_rebuild_with_fewer_shards_deletes_the_stale_ones_and_keep
     assert not any(built_by_medbanana(p) for p in USER_FILES)
 
 
-def test_data_is_committed_before_the_card_and_manifest(hub, builds, capsys, small_commits):
+def test_an_upload_is_one_commit_of_data_card_and_deletions(hub, builds, capsys):
     code, _out, err = _upload(builds["many"], capsys)
     assert code == 0, err
-    *data_commits, last = hub["commits"]
-    assert set(last["added"]) == CARD and last["deleted"] == []
-    assert len(data_commits) > 1  # the data went in several commits, none of which held the card or manifest
-    assert all(not set(c["added"]) & CARD for c in data_commits)
-    assert {p for c in data_commits for p in c["added"]} == set(_files(builds["many"])) - CARD
+    (first,) = hub["commits"]  # data and card together: no revision holds one without the other
+    assert set(first["added"]) == set(_files(builds["many"])) and first["deleted"] == []
 
     hub["files"].update(USER_FILES)
     assert _upload(builds["few"], capsys)[0] == 0
-    rebuild = hub["commits"][len(data_commits) + 1:]
-    assert set(rebuild[-1]["added"]) == CARD and rebuild[-1]["deleted"]  # stale files go with the new card ...
-    assert all(not c["deleted"] and not set(c["added"]) & CARD for c in rebuild[:-1])  # ... never before it
+    first, second = hub["commits"]
+    assert CARD <= set(second["added"]) and second["deleted"]  # the new card and the stale files' removal, at once
+    assert {p for p in hub["files"] if p not in USER_FILES} == set(_files(builds["few"]))
+    _assert_card_names_existing_files(hub["files"])
 
 
-def test_an_upload_cut_off_after_some_data_commits_leaves_the_previous_card_and_resumes(hub, builds, capsys,
-                                                                                        small_commits):
+def test_an_upload_killed_before_its_commit_leaves_the_previous_dataset_and_resumes(hub, builds, capsys):
+    """The real CLI in its own process, killed (SIGKILL) by the Hub stand-in when its one commit arrives: the data
+    was uploaded ahead, but the repository still holds exactly the previous dataset; the same command then finishes."""
     assert _upload(builds["few"], capsys)[0] == 0
     before = dict(hub["files"])
-    hub["fail_after"] = len(hub["commits"]) + 2  # two commits of the next upload land, then the line is cut
+    proc = None
 
-    code, out, err = _upload(builds["many"], capsys)
-    assert code == 1 and out == ""
-    assert len(hub["commits"]) == hub["fail_after"]  # the cut came after some data had landed
-    files = hub["files"]
-    assert files != before  # (some new shards are there) ...
-    assert all(files[name] == before[name] for name in CARD)  # ... but the card and manifest are the previous ones
-    _assert_card_names_existing_files(files)
-    assert len(err.strip().splitlines()) == 1 and "run the same command again to resume" in err
+    def kill_it():
+        proc.kill()
+        proc.wait()
 
-    hub["fail_after"] = None
+    hub["on_commit"] = kill_it
+    proc = subprocess.Popen([sys.executable, "-m", "medbanana", "upload", str(builds["many"]), REPO],
+                            env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.communicate(timeout=300)
+    assert proc.returncode == -9
+    assert hub["files"] == before and len(hub["commits"]) == 1  # nothing of the killed upload is published
+
+    hub["on_commit"] = None
     code, _out, err = _upload(builds["many"], capsys)
     assert code == 0, err
-    assert hub["files"] == _files(builds["many"])  # resumed: the new build, nothing of the old one left
+    assert hub["files"] == _files(builds["many"]) and len(hub["commits"]) == 2
     _assert_card_names_existing_files(hub["files"])
+
+
+def test_an_upload_cut_off_at_its_commit_leaves_the_previous_card_and_says_how_to_resume(hub, builds, capsys):
+    assert _upload(builds["few"], capsys)[0] == 0
+    before = dict(hub["files"])
+    hub["fail_after"] = len(hub["commits"])  # the next commit is refused, as if the line were cut there
+    code, out, err = _upload(builds["many"], capsys)
+    assert code == 1 and out == ""
+    assert hub["files"] == before
+    assert len(err.strip().splitlines()) == 1 and "run the same command again to resume" in err
+
+
+def test_an_answer_the_client_cannot_read_is_one_scrubbed_line(hub, builds, capsys):
+    """A 200 with JSON huggingface_hub does not expect (here: the file listing) ends the upload with one line naming
+    the step and the endpoint, never a traceback and never the token."""
+    hub["tree_answer"] = {"unexpected": True, "echo": f"Bearer {TOKEN}"}
+    code, out, err = _upload(builds["few"], capsys)
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "listing the files" in err and "cannot read" in err and TOKEN not in err
 
 
 def test_visibility_is_sent_only_when_asked_for(hub, builds, capsys):
