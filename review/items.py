@@ -56,6 +56,9 @@ def read_edits(path: Path, *, source_images: Path | None = None) -> list[Sample]
     named = {"run": ("edited",), "manifest": ("source", "edited")}.get(kind, ())
     usable, outside = [], []
     for sample in samples:
+        if sample.problem is not None and "leads outside" in sample.problem:  # refused by layout.inside, unread
+            outside.append(sample.id)
+            continue
         if sample.problem is not None or sample.source is None or sample.edited is None:
             continue
         if any(isinstance(getattr(sample, ref), Path) and not _inside(root, getattr(sample, ref)) for ref in named):
