@@ -19,13 +19,13 @@ from importlib import resources
 from string import Template
 
 from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
+from ..generation.rundir.schema import STATUSES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from .output import BUILD_INFO
 from .paper import card_section
 from .stats import UNMARKED, BuildStats
 
 PRETTY_NAME = "Med-Banana-style medical image edits (medbanana build)"
-STATUSES = ("success", "failed", "api_failed")
 _SIZE_BINS = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
               (10_000_000, "1M<n<10M"))
 

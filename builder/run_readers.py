@@ -25,7 +25,7 @@ from ..generation.rundir import schema
 from .runs import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_modality
 from .safety import INCONSISTENT, MALFORMED, Confined, Refused, handle
 
-STATUSES = ("success", "failed", "api_failed")
+STATUSES = schema.STATUSES
 _NO_ROUND = object()  # equal to no round number: a task that is not a success accepts none
 _INT32 = 2**31
 
