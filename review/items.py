@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import random
 import sys
@@ -19,7 +18,7 @@ from itertools import islice
 from pathlib import Path
 
 from ..builder.rows import canonical_prompt
-from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples
+from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples, recorded_sources
 from ..generation.records import decode_rgb
 from ..generation.rundir import layout
 from .blinding import blind_instruction, leakage_warning, round_leakage, round_of
@@ -77,8 +76,7 @@ def read_edits(path: Path, *, source_images: Path | None = None) -> list[Sample]
 def _confirmed_sources(run: Path) -> Path | None:
     """The sources folder of a run when the run holds it; a folder elsewhere that the run's medbanana-run.json
     names is only a hint: the user confirms it with --source-images."""
-    config = run / layout.RUN_CONFIG
-    recorded = json.loads(config.read_text(encoding="utf-8")).get("sources_root") if config.is_file() else None
+    recorded = recorded_sources(run)
     if not recorded:
         return None  # open_samples says that --source-images is needed
     if _inside(run, Path(recorded)):
