@@ -66,7 +66,7 @@ def _accept(text: str) -> str:
 
 
 ROLES = ("writer", "editor", "judge")
-RUN_DEFAULTS = {"max_rounds": 5, "seed": 0, "accept": "qualified"}  # generate's, applied after --retry-failed's
+RUN_DEFAULTS = {"max_rounds": 5, "seed": 0, "accept": "qualified"}  # add_run_options; generate: after --retry-failed
 
 
 def take_recorded_options(args, config: dict) -> None:
@@ -93,10 +93,12 @@ def take_recorded_options(args, config: dict) -> None:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("refinement loop")
-    g.add_argument("--max-rounds", type=_count, default=5, help="rounds per task before it counts as failed (default 5)")
+    g.add_argument("--max-rounds", type=_count, default=RUN_DEFAULTS["max_rounds"],
+                   help=f"rounds per task before it counts as failed (default {RUN_DEFAULTS['max_rounds']})")
     g.add_argument("--concurrency", type=_count, default=4, help="tasks in flight at once (default 4)")
-    g.add_argument("--seed", type=int, default=0, help="run seed; each attempt's seed derives from it (default 0)")
-    g.add_argument("--accept", type=_accept, default="qualified",
+    g.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"],
+                   help=f"run seed; each attempt's seed derives from it (default {RUN_DEFAULTS['seed']})")
+    g.add_argument("--accept", type=_accept, default=RUN_DEFAULTS["accept"],
                    help="acceptance policy: 'qualified' (the judge's verdict, default) or 'score>=0.7'")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
