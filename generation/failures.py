@@ -23,6 +23,7 @@ from collections import Counter
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
+EXIT_INFRASTRUCTURE = 4  # a process of the run died: not the user's error nor the API's
 TOP = 5  # reasons printed
 
 

@@ -26,13 +26,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from ..failures import EXIT_INFRASTRUCTURE
 from ..loop import acceptance_policy
 from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
 from .local import _SourceCache, run_one_task
 from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients
-
-
-EXIT_INFRASTRUCTURE = 4  # README's exit codes: a process of the run died, not the user's error nor the API's
 
 
 class WorkerCrashed(RuntimeError):

@@ -79,9 +79,7 @@ def _end_with(driver: int, every: float = 0.5) -> None:
         time.sleep(every)
         try:
             os.kill(driver, 0)
-        except ProcessLookupError:
-            os._exit(WorkerCrashed.exit_code)
-        except PermissionError:  # another user's process took the pid: ours is gone
+        except (ProcessLookupError, PermissionError):  # gone, or its pid taken by another user's process
             os._exit(WorkerCrashed.exit_code)
 
 
