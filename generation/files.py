@@ -16,10 +16,30 @@ import itertools
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 TEMP_NAME = re.compile(r"^\..+\.tmp\d+(\.\d+)?$")  # what atomic_write_bytes leaves behind when killed mid-write
 _serial = itertools.count()  # two writes of one path in one process (threads) never share a temp file
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+MISSING = "no such file"
+
+
+def not_regular(path: Path) -> str | None:
+    """Why `path` (a symlink followed) is no regular file (`MISSING`, a name that cannot be looked up, or the kind
+    of file it is), or None; from stat alone, because opening a FIFO or a device blocks or has effects."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return MISSING
+    except OSError as exc:
+        return f"cannot be looked up ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    return "not a regular file but " + next((name for test, name in _FILE_KINDS if test(mode)), "not a plain file")
 
 
 def create_new(path: Path, mode: int = 0o666, flags: int = 0) -> int:

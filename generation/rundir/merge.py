@@ -16,14 +16,13 @@ import json
 import os
 import reprlib
 import shutil
-import stat
 from contextlib import ExitStack
 from pathlib import Path
 
 import msgspec
 
 from . import layout, schema
-from ..files import same_bytes
+from ..files import MISSING, not_regular, same_bytes
 from ..records import json_bool, task_uid
 from ..taxonomy import DIRECTIONS
 from .lock import hold_lock
@@ -59,15 +58,10 @@ def _refusal(where: str, field: str, problem: str) -> ValueError:
 def _regular_file(path: Path, named: str) -> bool:
     """Whether `path` (resolved) is a regular file: False when it does not exist; ValueError for a folder, a FIFO,
     a device or a name that cannot be looked up (too long), which merge must never open or link."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise ValueError(f"{named}: cannot be looked up ({exc.strerror})") from None
-    if not stat.S_ISREG(mode):
-        raise ValueError(f"{named}: not a regular file")
-    return True
+    problem = not_regular(path)
+    if problem is not None and problem != MISSING:
+        raise ValueError(f"{named}: {problem}")
+    return problem is None
 
 
 def _finished_tasks(run_dir: Path) -> dict[str, tuple[str, schema.JournalRecord, dict]]:

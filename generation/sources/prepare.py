@@ -36,10 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..files import atomic_write_bytes, atomic_write_json, open_append, read_jsonl
+from ..files import atomic_write_bytes, atomic_write_json, not_regular, open_append, read_jsonl
 from ..taxonomy import load_taxonomy
 from .adapters import AdapterOptions, Candidate, DatasetSource, PrepareError, Problem, load_dataset_sources
-from .adapters.base import not_regular
 from .preprocess import BadImage, ImageOptions, Prepared, prepare_image
 
 MANIFEST = "prepare_manifest.jsonl"
@@ -97,7 +96,7 @@ def read_regular_file(path: Path) -> bytes:
     """The bytes of `path`, a regular file by stat before it is opened (opening a FIFO blocks) and by fstat after,
     in case it was swapped; opened non-blocking so that not even a swapped-in FIFO blocks."""
     if problem := not_regular(path):
-        raise BadImage(problem)
+        raise BadImage(f"{problem}; skipped without opening it")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     with open(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -354,14 +354,15 @@ def test_merge_refuses_a_malformed_shard_record_naming_line_and_field_and_leaves
     assert (snapshot(out) == before) if existing_out else not out.exists()
 
 
-@pytest.mark.parametrize("make", [Path.mkdir, os.mkfifo], ids=["folder", "FIFO"])
-def test_merge_refuses_a_shard_journal_that_is_not_a_file(tmp_path, make, capsys):
+@pytest.mark.parametrize("make, kind", [(Path.mkdir, "a folder"), (os.mkfifo, "a FIFO (named pipe)")],
+                         ids=["folder", "FIFO"])
+def test_merge_refuses_a_shard_journal_that_is_not_a_file(tmp_path, make, kind, capsys):
     shard, out = make_shard(tmp_path / "shard", [legit(tmp_path / "shard", "n0")]), tmp_path / "merged"
     (shard / layout.JOURNAL).unlink()
     make(shard / layout.JOURNAL)
     assert main(["merge", str(shard), "--out", str(out)]) == 2  # a FIFO is never opened: this does not hang
     err = capsys.readouterr().err
-    assert err == f"medbanana merge: error: shard {shard}: {layout.JOURNAL}: not a regular file\n"
+    assert err == f"medbanana merge: error: shard {shard}: {layout.JOURNAL}: not a regular file but {kind}\n"
     assert not out.exists()
 
 

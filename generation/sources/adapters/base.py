@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...files import not_regular
 from ...rundir import layout
 from ...taxonomy import Taxonomy
 
@@ -104,23 +104,6 @@ def skipped_folder(root: Path, folder: Path, kind: str) -> DatasetSource | None:
     return None
 
 
-_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
-def not_regular(path: Path) -> str | None:
-    """Why `path` (a symlink followed) is no regular file, or None; from stat alone, because opening a FIFO or a
-    device blocks or has effects."""
-    try:
-        mode = path.stat().st_mode
-    except OSError as exc:
-        return f"cannot stat the file: {exc.strerror or exc}"
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a plain file")
-    return f"not a regular file but {kind}; skipped without opening it"
-
-
 def dataset_name(name: str, modality: str, tax: Taxonomy) -> str:
     """`name`, suffixed when needed so that the generator infers `modality` from it."""
     if not SAFE_NAME.fullmatch(name):
@@ -194,7 +177,7 @@ def add_folder_files(src: DatasetSource, folder: Path, label: str, extra: dict) 
         elif path.is_dir():
             src.problems.append(Problem(rel, "subfolder inside a class folder ignored"))
         elif problem := not_regular(path):
-            src.problems.append(Problem(rel, problem))
+            src.problems.append(Problem(rel, f"{problem}; skipped without opening it"))
         elif path.suffix.lower() not in PREPARE_INPUT_SUFFIXES:
             src.problems.append(Problem(rel, f"unsupported file type {path.suffix or '(none)'}"))
         else:
