@@ -76,7 +76,8 @@ def add_mask_columns(folder, edit_rows: set, region_rows: set, no_source: set, b
         "edit_mask", datasets.Image()).cast_column("region_mask", datasets.Image()).to_parquet(str(shard))
     card = DatasetCard.load(folder / "README.md")  # the card's schema must list them, or load_dataset refuses
     sft = next(c for c in card.data.dataset_info if c["config_name"] == "sft")
-    sft["features"] += [{"name": "edit_mask", "dtype": "image"}, {"name": "region_mask", "dtype": "image"}]
+    listed = {f["name"] for f in sft["features"]}  # once `roi` is merged, build lists them already
+    sft["features"] += [{"name": n, "dtype": "image"} for n in ("edit_mask", "region_mask") if n not in listed]
     card.save(folder / "README.md")
 
 
