@@ -1,6 +1,7 @@
 """The `medbanana` command: each stage registers its own subcommands — prepare, generate, merge, taxonomy, keys
 (generation/commands/), build, verify, upload (builder/commands.py), eval, judge-agreement, stats
-(evaluation/commands.py), review (review/commands.py), and demo (demo.py, above the stages it spans) — and `main`
+(evaluation/commands.py), review (review/commands.py), demo (demo.py, above the stages it spans) and export
+(export.py: loaders/ would import `datasets` for every command) — and `main`
 turns what they raise into one line and an exit code."""
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"medbanana {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from . import demo
+    from . import demo, export
     from .evaluation import commands as evaluation_commands
     from .generation import commands as generation_commands
     from .review import commands as review_commands
 
     demo.register(sub)
+    export.register(sub)
     generation_commands.register(sub)
     evaluation_commands.register(sub)
     review_commands.register(sub)
