@@ -26,6 +26,7 @@ ALLOWED = {
     # above the stages: a command that spans two of them (generate, then build)
     "demo": BASE | {"generation.commands", "generation.runners", "generation.rundir", "generation.backends",
                     "builder"},
+    "export": BASE | {"builder", "loaders"},  # `medbanana export`: reads built datasets (loaders/medebench.py)
     "builder": BASE | {"generation.rundir", "package", "review.store"},
     "loaders": BASE | {"generation.rundir", "builder"},
     "medbanana_50k": {"builder"},
@@ -77,7 +78,7 @@ def _is_module(name: str) -> bool:
 
 
 def package_files() -> list[Path]:
-    files = [ROOT / "medbanana_50k.py", ROOT / "demo.py"]
+    files = [ROOT / "medbanana_50k.py", ROOT / "demo.py", ROOT / "export.py"]
     for folder in PACKAGE_DIRS:
         files += sorted((ROOT / folder).rglob("*.py"))
     return files
