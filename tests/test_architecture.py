@@ -26,7 +26,8 @@ ALLOWED = {
     # above the stages: a command that spans two of them (generate, then build)
     "demo": BASE | {"generation.commands", "generation.runners", "generation.rundir", "generation.backends",
                     "builder"},
-    "builder": BASE | {"generation.rundir", "package", "review.store"},
+    # the builder's masks (builder/masks.py) locate a task's region with the simulator's anatomy model
+    "builder": BASE | {"generation.rundir", "generation.backends", "package", "review.store"},
     "loaders": BASE | {"generation.rundir", "builder"},
     "medbanana_50k": {"builder"},
     "evaluation": BASE | {"generation.rundir", "generation.backends", "builder"},
