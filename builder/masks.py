@@ -37,13 +37,13 @@ from ..generation.backends.simulator.imaging import ANAT, WORK, resize_rgb
 from ..generation.records import decode_rgb
 from ..generation.taxonomy import load_taxonomy
 
-WORK_SIDE = 512  # working size: cost independent of the image's, fine enough for a finding's outline
-SMOOTH_SIGMA = 1.5  # working pixels
+WORK_SIDE = 256  # working size: cost independent of the image's, fine enough for a finding's outline
+SMOOTH_SIGMA = 1.0  # working pixels
 HIGH_SIGMAS = 5.0  # seeds: this many noise sigmas above the pair's noise
 LOW_SIGMAS = 2.5  # growth: connected pixels above this many sigmas
 MIN_LEVEL = 3.0  # grey levels: a seed is at least this strong, even on a noiseless pair
 OPEN_RADIUS = 1  # working pixels
-CLOSE_RADIUS = 3
+CLOSE_RADIUS = 2
 EDGE_SHARE = 0.3  # pixels of misregistration tolerated: a difference up to this x the local gradient is no edit
 CLIPPED = 10  # grey levels from black or white: pixels left out of the offset and noise estimates
 MIN_COMPONENT = 0.0002  # of the image's area (about 50 working pixels at 512²)
