@@ -20,7 +20,8 @@ from pathlib import Path
 import datasets
 
 from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
-from .builder.rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
+from .builder.masks import task_masks
+from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
 from .builder.runs import discover_units, read_tasks
 from .builder.sources import SourceIndex
 
@@ -63,5 +64,6 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
                 if sources is not None and with_images:
                     source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
                                                  task.source_path)
-                for row in ROW_ITERATORS[config](task, images, source):
+                masks = task_masks(images, source, task.modality, task.disease) if config in MASK_CONFIGS else None
+                for row in ROW_ITERATORS[config](task, images, source, masks):
                     yield row_key(config, row), row

@@ -21,6 +21,7 @@ from string import Template
 from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from ..generation.rundir.schema import STATUSES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
+from .masks import MASK_METHOD, RECOMPUTE
 from .output import BUILD_INFO
 from .paper import card_section
 from .stats import UNMARKED, BuildStats
@@ -113,6 +114,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
         "configs_table": _configs_table(stats, configs, splits), "load_examples": _load_examples(list(present)),
         "empty_note": _empty_note(configs, present, splits),
         "source_note": _source_note(sources),
+        "mask_note": mask_note(sources),
         "split_note": (f"Splits: `test` holds about {test_fraction:.0%} of the source images, chosen by a hash of "
                        "the source id, so that no source image is in both splits." if test_fraction > 0 else
                        "Splits: everything is in `train`."),
@@ -127,6 +129,19 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
         "build_note": build_note,
     }
     return Template(card_template()).substitute(values)
+
+
+def mask_note(sources: dict | None) -> str:
+    """What the mask columns hold in this build, how they were computed and how to recompute them."""
+    how = (f"Masks are computed by medbanana from the images, not drawn by annotators ({MASK_METHOD}); recompute "
+           f"or vary them with `{RECOMPUTE}`.")  # our own constant: no data in it
+    if sources is None:
+        return ("In this build they are null: a mask needs the source image, which this build does not hold (build "
+                "with `--source-images DIR` to fill them). " + how)
+    if sources["matched"] < sources["total"]:
+        return (f"They are null for the {sources['total'] - sources['matched']:,} tasks whose source image was not "
+                "found, and `edit_mask` is null where an attempt has no image. " + how)
+    return "`edit_mask` is null where an attempt has no image. " + how
 
 
 def _source_note(sources: dict | None) -> str:
@@ -283,6 +298,7 @@ def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, 
             # claimed only when every task got its source; `sources` counts them (null: none were asked for)
             "sources_attached": sources is not None and 0 < sources["matched"] == sources["total"],
             "sources": sources, "figure": figure, "unsafe": unsafe,
+            "mask_method": MASK_METHOD if sources is not None and sources["matched"] else None,
             "configs": {c: {s: {"rows": stats.rows[(c, s)], "files": files.get(c, {}).get(s, [])} for s in splits}
                         for c in configs},
             "stats": stats.to_json()}

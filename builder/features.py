@@ -46,12 +46,19 @@ ROUND_ITEM = {
     "seconds": Value("float32"),
 }
 
+# computed from the images, not annotated (builder/masks.py: MASK_METHOD); null when the build had no sources
+MASKS = {
+    "edit_mask": Image(),  # PNG (L, 0/255) at the edit's size: where the edit differs from its source beyond noise
+    "region_mask": Image(),  # PNG (L, 0/255) at the source's size: the target's anatomical region on the source
+}
+
 CONFIG_FEATURES: dict[str, Features] = {
     "sft": Features({
         **IDENTITY,
         "instruction": Value("string"),
         "source_image": Image(),
         "edited_image": Image(),
+        **MASKS,
         "success_round": Value("int32"),
         **VERDICT,
     }),
@@ -61,6 +68,7 @@ CONFIG_FEATURES: dict[str, Features] = {
         "instruction": Value("string"),
         "source_image": Image(),
         "edited_image": Image(),  # null when the editor produced no image (edit_error says why)
+        **MASKS,
         "edit_error": Value("string"),
         **VERDICT,
         "task_status": Value("string"),  # outcome of the whole task: success | failed | api_failed
@@ -102,6 +110,7 @@ CONFIG_FEATURES: dict[str, Features] = {
         "instruction": Value("string"),
         "source_image": Image(),
         "edited_image": Image(),
+        **MASKS,
         "accepted": Value("bool"),
         **VERDICT,
         "judge_thinking": Value("string"),

@@ -15,7 +15,7 @@ from itertools import islice
 from pathlib import Path
 
 from .parquet import ConfigSchema, ShardedParquetWriter
-from .rows import IMAGE_CONFIGS, ROW_ITERATORS, load_images, split_of
+from .rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, split_of
 from .runs import Unit, read_tasks
 from .safety import Confined, Refused
 from .sources import SourceIndex
@@ -90,21 +90,28 @@ def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hashe
 
 
 def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None, confined: Confined,
-                  skip: bool):
-    """(task, its images, its source image) in order, reading those of the next _READ_AHEAD tasks in threads
-    meanwhile: with a cold cache one read at a time leaves the disk idle between files (reads release the GIL).
-    With `skip`, a task whose input is refused comes as (task, the Refused, None)."""
+                  skip: bool, with_masks: bool):
+    """(task, its images, its source image, its masks) in order, reading (and with `with_masks` computing the
+    masks of) the next _READ_AHEAD tasks in threads meanwhile: with a cold cache one read at a time leaves the disk
+    idle between files (reads, and numpy and scipy's work on the masks, release the GIL). With `skip`, a task
+    whose input is refused comes as (task, the Refused, None, None)."""
+    task_masks = None
+    if with_masks and sources is not None:  # only then: a build without sources never imports scipy
+        from .masks import task_masks
+
     def read(task):
         try:
             source = None
             if sources is not None:
                 source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
                                              task.source_path)
-            return load_images(task, confined), source
+            images = load_images(task, confined)
         except Refused as exc:
             if not skip:
                 raise
-            return exc, None
+            return exc, None, None
+        masks = task_masks(images, source, task.modality, task.disease) if task_masks is not None else None
+        return images, source, masks
 
     window: deque = deque()
     upcoming = iter(tasks)
@@ -121,9 +128,10 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
 def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildStats, sources: SourceIndex | None,
                 confined: Confined, readers: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
     with_images = bool(IMAGE_CONFIGS & set(spec.configs))
-    loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip") if with_images
-              else ((task, {}, None) for task in tasks))
-    for done, (task, images, source) in enumerate(loaded, 1):
+    loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip",
+                            bool(MASK_CONFIGS & set(spec.configs))) if with_images
+              else ((task, {}, None, None) for task in tasks))
+    for done, (task, images, source, masks) in enumerate(loaded, 1):
         if isinstance(images, Refused):  # policy skip: the task gives no row in any config
             stats.add_refusal(images)
             continue
@@ -132,7 +140,7 @@ def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildS
         if task.uid in spec.review_uids:
             stats.reviewed_tasks.add(task.uid)
         for config in spec.configs:
-            for row in ROW_ITERATORS[config](task, images, source):
+            for row in ROW_ITERATORS[config](task, images, source, masks):
                 writers.write(config, split, row)
         if done % _PROGRESS_EVERY == 0:
             progress(_PROGRESS_EVERY)

@@ -1,7 +1,8 @@
 """Rows of every config from one task record: the single place that decides what a row holds.
 
 Both the parquet build (`builder.build`) and the loading builder (`medbanana_50k.py`) call `ROW_ITERATORS`.
-Images are `{"bytes": <the file's bytes as they are>, "path": <path relative to the run>}` or None (missing).
+Images are `{"bytes": <the file's bytes as they are>, "path": <path relative to the run>}` or None (missing);
+masks (`edit_mask`, `region_mask`) come computed per task (`masks.task_masks`), or None without a source.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ import hashlib
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..generation.records import verdict_values
 from ..generation.taxonomy import load_taxonomy
 from .runs import AttemptRecord, TaskRecord
 from .safety import Confined
+
+if TYPE_CHECKING:
+    from .masks import TaskMasks
 
 Images = dict[str, dict | None]  # run-relative path -> image value (None: file missing)
 
@@ -73,24 +78,33 @@ def _image(images: Images, attempt: AttemptRecord) -> dict | None:
     return images.get(attempt.image) if attempt.image else None
 
 
-def sft_rows(task: TaskRecord, images: Images, source: dict | None) -> Iterator[dict]:
+def mask_columns(masks: TaskMasks | None, attempt: AttemptRecord) -> dict:
+    """`edit_mask` and `region_mask` of an attempt (builder/masks.py); null without the task's source."""
+    if masks is None:
+        return {"edit_mask": None, "region_mask": None}
+    return {"edit_mask": masks.edits.get(attempt.image) if attempt.image else None, "region_mask": masks.region}
+
+
+def sft_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskMasks | None = None) -> Iterator[dict]:
     accepted = task.accepted
     if accepted is None:
         return
     yield {**identity(task), "instruction": accepted.instruction, "source_image": source,
-           "edited_image": _image(images, accepted), "success_round": task.success_round,
-           **verdict_columns(accepted)}
+           "edited_image": _image(images, accepted), **mask_columns(masks, accepted),
+           "success_round": task.success_round, **verdict_columns(accepted)}
 
 
-def failed_rows(task: TaskRecord, images: Images, source: dict | None) -> Iterator[dict]:
+def failed_rows(task: TaskRecord, images: Images, source: dict | None,
+                masks: TaskMasks | None = None) -> Iterator[dict]:
     for attempt in task.attempts:
         if not attempt.accepted:
             yield {**identity(task), "round": attempt.round, "instruction": attempt.instruction,
-                   "source_image": source, "edited_image": _image(images, attempt), "edit_error": attempt.edit_error,
-                   **verdict_columns(attempt), "task_status": task.status, "success_round": task.success_round}
+                   "source_image": source, "edited_image": _image(images, attempt), **mask_columns(masks, attempt),
+                   "edit_error": attempt.edit_error, **verdict_columns(attempt), "task_status": task.status,
+                   "success_round": task.success_round}
 
 
-def dpo_rows(task: TaskRecord, images: Images, source: dict | None) -> Iterator[dict]:
+def dpo_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskMasks | None = None) -> Iterator[dict]:
     """A task accepted at round k gives one pair per earlier round: chosen = accepted, rejected = that round."""
     chosen = task.accepted
     if chosen is None or chosen.round is None:
@@ -112,7 +126,8 @@ def dpo_rows(task: TaskRecord, images: Images, source: dict | None) -> Iterator[
                "chosen_verdict": dict(columns[id(chosen)]), "rejected_verdict": dict(columns[id(rejected)])}
 
 
-def conversation_rows(task: TaskRecord, images: Images, source: dict | None) -> Iterator[dict]:
+def conversation_rows(task: TaskRecord, images: Images, source: dict | None,
+                      masks: TaskMasks | None = None) -> Iterator[dict]:
     rounds = [{"round": a.round, "instruction": a.instruction, "writer_thinking": a.writer_thinking,
                "edit_success": a.edit_error is None, "edit_error": a.edit_error, "image": a.image,
                "accepted": a.accepted, **verdict_columns(a), "judge_thinking": a.judge_thinking,
@@ -126,22 +141,24 @@ def conversation_rows(task: TaskRecord, images: Images, source: dict | None) -> 
            "rounds": rounds}
 
 
-def judge_rows(task: TaskRecord, images: Images, source: dict | None) -> Iterator[dict]:
+def judge_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskMasks | None = None) -> Iterator[dict]:
     for attempt in task.attempts:
         if attempt.verdict is not None:
             yield {**identity(task), "round": attempt.round, "instruction": attempt.instruction,
-                   "source_image": source, "edited_image": _image(images, attempt), "accepted": attempt.accepted,
+                   "source_image": source, "edited_image": _image(images, attempt), **mask_columns(masks, attempt),
+                   "accepted": attempt.accepted,
                    **verdict_columns(attempt), "judge_thinking": attempt.judge_thinking,
                    "judge_model": attempt.judge_model}
 
 
-RowIterator = Callable[[TaskRecord, Images, "dict | None"], Iterator[dict]]
+RowIterator = Callable[[TaskRecord, Images, "dict | None", "TaskMasks | None"], Iterator[dict]]
 ROW_ITERATORS: dict[str, RowIterator] = {
     "sft": sft_rows, "failed": failed_rows, "dpo_pairs": dpo_rows, "conversations": conversation_rows,
     "judge": judge_rows,
 }
-# configs whose rows carry attempt images (conversations holds paths only)
+# configs whose rows carry attempt images (conversations holds paths only), and those with their masks
 IMAGE_CONFIGS = frozenset({"sft", "failed", "dpo_pairs", "judge"})
+MASK_CONFIGS = frozenset({"sft", "failed", "judge"})
 
 
 def row_key(config: str, row: dict) -> str:

@@ -39,8 +39,10 @@ def register(subparsers) -> None:
     p.add_argument("--cp-mode", choices=("correct", "medebench"), default="correct",
                    help="correct: mean SSIM map outside the ROI dilated by half the window (default); medebench: "
                         "ROI zeroed in both images, SSIM over the whole image, as MedEBench's code does")
-    p.add_argument("--no-derive-roi", dest="derive_roi", action="store_false",
-                   help="without a mask, report full-image SSIM instead of locating the task's target region")
+    p.add_argument("--roi", choices=("auto", "edit", "region", "none"), default="auto",
+                   help="the ROI outside which CP is measured: auto (default): an evaluation folder's mask, else for "
+                        "datasets and runs the task's edit mask (the row's edit_mask, or computed from source and "
+                        "edit), else the target's anatomical region; edit, region or none (full image) alone")
     p.add_argument("--no-lpips", dest="lpips", action="store_false", help="skip LPIPS even when it is available")
     p.add_argument("--attention", action="store_true",
                    help="run directories made with `generate --diffusers-attention`: also report the IoU of the "
@@ -253,9 +255,9 @@ def _evaluate_into_out(args, samples, attempts: str) -> int:
     judge = _judge(args, cache_dir=args.out / "medbanana-cache" / "gemini")
     settings = {"input": str(args.input.resolve()), "config": args.config, "split": args.split,
                 "edits": str(args.edits.resolve()) if args.edits else None, "attempts": attempts,
-                "cp_mode": args.cp_mode, "derive_roi": args.derive_roi,
+                "cp_mode": args.cp_mode, "roi": args.roi,
                 "judge": judge_description(judge) if judge else None}
-    options = EvalOptions(cp_mode=args.cp_mode, derive_roi=args.derive_roi, lpips=args.lpips,
+    options = EvalOptions(cp_mode=args.cp_mode, roi=args.roi, lpips=args.lpips,
                           concurrency=args.concurrency, quiet=args.quiet)
     if args.limit is not None:
         samples = itertools.islice(samples, args.limit)

@@ -9,9 +9,11 @@ Output folder:
     report.md           the notes and the tables below, in markdown
     by_modality.{md,csv}, by_disease.{md,csv}, by_direction.{md,csv}
 
-A sample's ROI is its mask when given (any encoding: metrics.read_mask; the record says how it was read in
-`mask_read`); else, with `derive_roi`, the task's target region located on the source (metrics.derived_roi); else
-none, and CP is the full-image SSIM. Each record says which (`roi`). A sample whose CP is undefined records why
+A sample's ROI follows the ROI policy (`roi_mask`): by default its mask when given (any encoding:
+metrics.read_mask; the record says how it was read in `mask_read`); for a dataset or run, the task's edit mask
+(the row's `edit_mask`, or computed by builder.masks from the source and the reference edit); else the task's
+target region located on the source (builder.masks.region_array); or none, and CP is the full-image SSIM. Each
+record says which (`roi`), the report counts them. A sample whose CP is undefined records why
 (`cp_excluded`); the report and summary.json say how many the CP mean leaves out. In `medebench` CP mode every
 image is read as MedEBench reads it (metrics.decode_medebench: 16-bit clipped), else 16-bit is min-max scaled.
 """
@@ -34,20 +36,22 @@ from ..generation.files import read_jsonl
 from .failures import eval_reasons
 from .inputs import Sample, image_bytes, read_image
 from .judging import judge_record, scores_note
-from .metrics import (CP_UNDEFINED, LPIPSMetric, LPIPSUnavailable, decode_medebench, derived_roi, pixel_metrics,
-                      read_mask)
+from ..builder.masks import edit_mask_array, region_array
+from .metrics import (CP_UNDEFINED, LPIPSMetric, LPIPSUnavailable, decode_medebench, pixel_metrics, read_mask,
+                      to_size)
 
 SAMPLES = "samples.jsonl"
 SETTINGS = "eval-settings.json"
 SUMMARY = "summary.json"
 REPORT = "report.md"
+ROI_POLICIES = ("auto", "edit", "region", "none")
 GROUPINGS = {"modality": ("modality",), "disease": ("modality", "disease"), "direction": ("direction",)}
 
 
 @dataclass
 class EvalOptions:
     cp_mode: str = "correct"  # correct | medebench (metrics.py)
-    derive_roi: bool = True  # no mask given: locate the task's target region, else full-image SSIM
+    roi: str = "auto"  # ROI_POLICIES: auto | edit | region | none (roi_mask)
     lpips: bool = True  # compute LPIPS when its weights are on this machine
     concurrency: int = 2
     quiet: bool = False
@@ -141,7 +145,7 @@ def _pixels(sample: Sample, source_data: bytes, edited_data: bytes, options: Eva
     # MedEBench's numbers need MedEBench's decoding (16-bit clipped); ours keeps a 16-bit image's contrast
     decode = decode_medebench if options.cp_mode == "medebench" else read_image
     source, edited = decode(source_data), decode(edited_data)
-    mask, roi, mask_read = roi_mask(sample, source, options.derive_roi)
+    mask, roi, mask_read = roi_mask(sample, source, options.roi)
     truth = decode(image_bytes(sample.ground_truth)) if sample.ground_truth is not None else None
     metrics = pixel_metrics(source, edited, mask, cp_mode=options.cp_mode, ground_truth=truth, lpips=lpips)
     extra = {"mask_read": mask_read} if mask_read else {}
@@ -151,21 +155,39 @@ def _pixels(sample: Sample, source_data: bytes, edited_data: bytes, options: Eva
             "resized": edited.shape != source.shape, **metrics, **extra}
 
 
-def roi_mask(sample: Sample, source: np.ndarray, derive: bool) -> tuple[np.ndarray, str, str | None]:
-    """(grey-level mask at the source's size, how it was obtained: given | derived:<region> | full_image, how a
-    given mask's values were read)."""
-    if sample.mask is not None:
+def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> tuple[np.ndarray, str, str | None]:
+    """(grey-level mask at the source's size, how it was obtained, how a given mask's values were read).
+
+    `roi` (ROI_POLICIES): auto: an evaluation folder's own mask (`given`); for dataset and run samples the task's
+    edit mask (`edit_mask`: the row's column, or `edit_mask:computed` from the source and the reference edit);
+    else the target region (`derived:<region>`). edit / region / none: that one alone (`full_image` where it
+    cannot be had)."""
+    empty = np.zeros(source.shape[:2], np.uint8)
+    if roi == "auto" and sample.mask is not None:
         with Image.open(io.BytesIO(image_bytes(sample.mask))) as im:
             levels, how = read_mask(im, source.shape)
         return levels, "given", how
-    empty = np.zeros(source.shape[:2], np.uint8)
-    if not derive:
+    if roi == "none":
         return empty, "full_image", None
+    if roi == "edit" or (roi == "auto" and (sample.edit_mask is not None or sample.task_edit)):
+        return _edit_roi(sample, source) + (None,)
     try:
-        region, name = derived_roi(source, sample.modality, sample.disease)
-    except ValueError as exc:
+        region, name = region_array(sample.modality, sample.disease, source.shape[1::-1], source)
+    except (ValueError, KeyError) as exc:
         return empty, f"full_image (no region: {exc})", None
     return region.astype(np.uint8) * 255, f"derived:{name}", None
+
+
+def _edit_roi(sample: Sample, source: np.ndarray) -> tuple[np.ndarray, str]:
+    """The task's edit mask: the dataset row's, else computed (builder.masks) from the source and the reference
+    edit: the ground truth when there is one (a model's output is scored inside the dataset's or run's edit), else
+    the edit scored itself."""
+    if sample.edit_mask is not None:
+        with Image.open(io.BytesIO(image_bytes(sample.edit_mask))) as im:
+            return read_mask(im, source.shape)[0], "edit_mask"
+    reference = read_image(sample.ground_truth if sample.ground_truth is not None else sample.edited)
+    mask = edit_mask_array(source, to_size(reference, source.shape)[0])
+    return mask.astype(np.uint8) * 255, "edit_mask:computed"
 
 
 # ---------------------------------------------------------------- tables and report
@@ -231,7 +253,9 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
     notes = [f"CP: SSIM outside the ROI, mode `{cp_mode}` "
              + ("(mean SSIM map outside the ROI dilated by half the 7x7 window)." if cp_mode == "correct" else
                 "(MedEBench's code: ROI zeroed in both images, SSIM over the whole image; inflated by large ROIs)."),
-             "ROI per sample: `given` mask, `derived:<region>` from the target region, or `full_image` SSIM.",
+             f"ROI policy `{settings.get('roi', 'auto')}`; per sample: `given` mask, the task's `edit_mask` (the "
+             "dataset's, or `edit_mask:computed` from source and reference edit: computed, not annotated), "
+             "`derived:<region>` from the target region, or `full_image` SSIM.",
              "SSIM: grayscale, range 255; PSNR: RGB, identical images = 100 (MedGEN-Bench).", *notes]
     if any("ea" in r for r in ok):
         notes.append(scores_note(settings.get("judge") or {}))

@@ -65,8 +65,11 @@ class Sample:
     instruction: str
     source: ImageRef | None
     edited: ImageRef | None
-    mask: ImageRef | None = None
+    mask: ImageRef | None = None  # an ROI the input gives (an evaluation folder's `mask`)
     ground_truth: ImageRef | None = None
+    edit_mask: ImageRef | None = None  # a dataset row's `edit_mask`; computed when absent (evaluate.roi_mask)
+    region_mask: ImageRef | None = None  # a dataset row's `region_mask`
+    task_edit: bool = False  # from a dataset or run: its edit (or the ground truth) defines the task's edit mask
     recorded_verdict: dict | None = None  # the run's or dataset's verdict (VERDICT_FIELDS), when it has one
     problem: str | None = None  # why the sample cannot be scored (a missing image), recorded as its error
     accepted: bool | None = None  # whether the run accepted this edit, where the input says (None: not said)
@@ -214,9 +217,10 @@ def _row_sample(row: dict, config: str, names: set, sources: SourceIndex | None)
         problem = f"no edited image ({row.get('edit_error') or 'the image file was missing at build time'})"
     verdict = {k: row.get(k) for k in VERDICT_FIELDS}
     accepted = {"sft": True, "failed": False}.get(config, row.get("accepted"))
+    masks = {k: (row.get(k) or {}).get("bytes") for k in ("edit_mask", "region_mask")}  # null: built without sources
     return Sample(id=sample_id(row["uid"], round_no), dataset=row["dataset"], modality=row["modality"],
                   disease=row["disease"], direction=row["task"], instruction=row.get("instruction") or "",
-                  source=source, edited=edited, problem=problem,
+                  source=source, edited=edited, problem=problem, **masks, task_edit=True,
                   recorded_verdict=verdict if verdict["qualified"] is not None else None, accepted=accepted)
 
 
@@ -289,7 +293,7 @@ def _run_attempts(units, sources: SourceIndex | None, attempts: str, notice: str
                              instruction=attempt.instruction or canonical_prompt(task), source=source,
                              edited=edited, problem=problem,
                              recorded_verdict=verdict_values(attempt.verdict) if attempt.verdict else None,
-                             accepted=bool(attempt.accepted))
+                             accepted=bool(attempt.accepted), task_edit=True)
 
 
 def _attempt_image(task, attempt) -> tuple[Path | None, str | None]:
@@ -321,4 +325,5 @@ def with_model_edit(sample: Sample, edits: Path) -> Sample:
     problem = sample.problem or refused or (None if found else f"no model output {edits}/{uid}.(png|jpg|jpeg)")
     return Sample(id=sample.id, dataset=sample.dataset, modality=sample.modality, disease=sample.disease,
                   direction=sample.direction, instruction=sample.instruction, source=sample.source, edited=found,
-                  ground_truth=sample.edited, problem=problem)
+                  ground_truth=sample.edited, problem=problem, edit_mask=sample.edit_mask,
+                  region_mask=sample.region_mask, task_edit=sample.task_edit)  # the task's edit's masks

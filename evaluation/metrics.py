@@ -1,4 +1,5 @@
-"""Pixel metrics of one edit: context preservation (CP) two ways, MedGEN-Bench's SSIM / PSNR / LPIPS, ROI masks.
+"""Pixel metrics of one edit: context preservation (CP) two ways, MedGEN-Bench's SSIM / PSNR / LPIPS, reading ROI
+masks (the task's region and edit masks are computed in builder/masks.py).
 
 Context preservation = SSIM between the input and the edited image outside the region of interest (ROI):
 
@@ -45,10 +46,6 @@ from scipy import ndimage
 from skimage.metrics import structural_similarity
 
 from ..generation.records import open_image
-from ..generation.backends.simulator.anatomy import estimate_anatomy
-from ..generation.backends.simulator.imaging import ANAT, WORK, resize_rgb
-from ..generation.backends.simulator.judge import Thresholds
-from ..generation.taxonomy import load_taxonomy
 
 CP_MODES = ("correct", "medebench")
 SSIM_WINDOW = 7  # scikit-image's default
@@ -127,21 +124,6 @@ def _levels(a: np.ndarray) -> tuple[np.ndarray, str]:
     if scaled.max() < 128:  # nothing would count as ROI although the mask is not empty: 0/1 or labels
         return np.where(a > 0, 255, 0).astype(np.uint8), f"labels 0-{hi:g} (non-zero = ROI)"
     return scaled, how
-
-
-def derived_roi(source: np.ndarray, modality: str | None, disease: str) -> tuple[np.ndarray, str]:
-    """The task's target region on the source image, as a boolean mask at its size, and the region's name.
-
-    The region is the taxonomy's (e.g. costophrenic_angle for Pleural_Effusion) located on this image by the
-    simulator's anatomy estimate, grown by the simulator judge's spill margin (12 px at 512²) so that the soft
-    margins of a finding placed at its edge stay inside. ValueError when the disease is not an edit target.
-    """
-    label = load_taxonomy().target(disease, modality)
-    regions = estimate_anatomy(resize_rgb(source, ANAT), label.modality).regions(WORK)
-    if label.region not in regions:
-        raise ValueError(f"the anatomy model has no mask for region {label.region!r} of {label.modality}")
-    grown = ndimage.binary_dilation(regions[label.region], iterations=Thresholds().spill_margin)
-    return mask_levels(grown, source.shape) > 127, label.region
 
 
 # ---------------------------------------------------------------- context preservation

@@ -27,7 +27,8 @@ ALLOWED = {
     "demo": BASE | {"generation.commands", "generation.runners", "generation.rundir", "generation.backends",
                     "builder"},
     "export": BASE | {"builder", "loaders"},  # `medbanana export`: reads built datasets (loaders/medebench.py)
-    "builder": BASE | {"generation.rundir", "package", "review.store"},
+    # the builder's masks (builder/masks.py) locate a task's region with the simulator's anatomy model
+    "builder": BASE | {"generation.rundir", "generation.backends", "package", "review.store"},
     "loaders": BASE | {"generation.rundir", "builder"},
     "medbanana_50k": {"builder"},
     "evaluation": BASE | {"generation.rundir", "generation.backends", "builder"},

@@ -108,7 +108,7 @@ def test_roi_policy_full_image_without_derivation_and_for_unknown_targets(tmp_pa
         {"id": "a", "source": source, "edited": edited},
         {"id": "b", "source": source, "edited": edited, "disease": "Pleural_Other"},  # a label, not a target
     ], fmt="csv")
-    run_eval(folder, tmp_path / "plain", derive_roi=False)
+    run_eval(folder, tmp_path / "plain", roi="none")
     records = read_records(tmp_path / "plain" / "samples.jsonl")
     full = structural_similarity(source, edited, channel_axis=-1)
     assert records["a"]["roi"] == "full_image" and records["a"]["cp"] == pytest.approx(full, abs=1e-12)
@@ -191,6 +191,29 @@ def test_a_built_dataset_and_a_models_edits_with_ground_truth(built_sft, tmp_pat
     scored = records[first.id]
     assert scored["psnr_gt"] > 40 and scored["ssim_gt"] > 0.95  # the output is the dataset's edit, re-encoded
     assert all("no model output" in r["error"] for i, r in records.items() if i != first.id)
+    assert scored["roi"] == "edit_mask"  # the model is scored outside the dataset's own edit mask
+    assert "ROI policy `auto`" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_roi_policy_uses_the_rows_edit_mask_computes_it_for_runs_or_takes_the_region(built_sft,
+                                                                                        builder_ours_run, tmp_path):
+    from medbanana.builder.masks import edit_mask_array
+    from medbanana.evaluation.inputs import read_image
+
+    rows = list(open_samples(built_sft))
+    assert all(s.edit_mask is not None for s in rows)  # built with sources: every sft row has its mask
+    for roi, expected in (("auto", "edit_mask"), ("region", "derived:"), ("none", "full_image")):
+        evaluate(iter(rows), tmp_path / roi, settings={"cp_mode": "correct", "roi": roi},
+                 options=EvalOptions(quiet=True, lpips=False, roi=roi))
+        records = read_records(tmp_path / roi / "samples.jsonl")
+        assert all(r["roi"].startswith(expected) for r in records.values()), (roi, records)
+    runs = list(open_samples(builder_ours_run, source_images=builder_ours_run.parent / "sources"))
+    evaluate(iter(runs), tmp_path / "run", settings={"cp_mode": "correct"}, options=EvalOptions(quiet=True, lpips=False))
+    records = read_records(tmp_path / "run" / "samples.jsonl")
+    first = runs[0]
+    computed = edit_mask_array(read_image(first.source), read_image(first.edited))
+    assert records[first.id]["roi"] == "edit_mask:computed"
+    assert records[first.id]["roi_fraction"] == pytest.approx(computed.mean(), abs=1e-4)
 
 
 def test_manifest_errors_name_the_line(tmp_path):

@@ -117,17 +117,6 @@ def test_edit_of_another_size_is_resized_to_the_source_for_every_metric():
     assert metrics.context_preservation(source, edited, np.zeros((32, 32), np.uint8), "medebench") == 1.0
 
 
-def test_derived_roi_follows_the_taxonomy_region_at_the_source_size():
-    source = textured(96, seed=7)
-    roi, region = metrics.derived_roi(source, "chest_xray", "Pleural Effusion")
-    assert region == "costophrenic_angle"
-    assert roi.shape == (96, 96) and roi.dtype == bool and 0 < roi.mean() < 1
-    roi_wide, _ = metrics.derived_roi(np.concatenate([source, source], axis=1), None, "Pleural_Effusion")
-    assert roi_wide.shape == (96, 192)
-    with pytest.raises(ValueError, match="not a known disease"):
-        metrics.derived_roi(source, "chest_xray", "Broken_Heart")
-
-
 def test_lpips_is_gated_on_local_weights_with_a_clear_message(monkeypatch):
     import sys
 

@@ -207,7 +207,7 @@ def test_a_full_mask_is_excluded_from_the_cp_mean_and_the_exclusion_is_stated(tm
     png(folder / "full.png", np.full(source.shape[:2], 255, np.uint8))
     folder = manifest(folder, [{"id": "full", "source": "src.png", "edited": "edit.png", "mask": "full.png"},
                                {"id": "none", "source": "src.png", "edited": "edit.png"}])
-    code, out, _ = run_eval(folder, tmp_path / "out", capfd, "--no-derive-roi")
+    code, out, _ = run_eval(folder, tmp_path / "out", capfd, "--roi", "auto")
     assert code == 0
     assert "(over 1 of 2: 1 excluded, CP undefined for a full ROI)" in out.splitlines()[0]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -15,6 +15,10 @@ from scipy import ndimage
 
 from .imaging import SourceCache, blur, disc, ellipse_radius, grid, largest_component, otsu, resize_mask
 
+# Working pixels (at 512²) a task's region is grown by: the soft margins of a finding placed at the region's edge
+# stay inside. The judge's spill margin and the dataset's region_mask (builder/masks.py) both use it.
+REGION_MARGIN = 12
+
 
 @dataclass
 class Anatomy:
@@ -75,10 +79,20 @@ def _chest_points(g: np.ndarray) -> tuple[dict, dict, bool]:
     lungs = _find_lungs(g, mid)
     ok = lungs is not None
     if not ok:
-        lungs, mid = {}, 0.5
-        for side, (x0, x1) in (("R", (0.14, 0.45)), ("L", (0.55, 0.86))):
-            mask = ellipse_radius(n, (x0 + x1) / 2 * n, 0.46 * n, (x1 - x0) / 2 * n, 0.3 * n) <= 1
-            lungs[side] = (mask, (x0, x1, 0.16, 0.76))
+        lungs, mid = _typical_lungs(n), 0.5
+    return _chest_layout(mid, lungs) + (ok,)
+
+
+def _typical_lungs(n: int) -> dict:
+    """Two elliptic lung fields of typical size and place, at n²."""
+    lungs = {}
+    for side, (x0, x1) in (("R", (0.14, 0.45)), ("L", (0.55, 0.86))):
+        mask = ellipse_radius(n, (x0 + x1) / 2 * n, 0.46 * n, (x1 - x0) / 2 * n, 0.3 * n) <= 1
+        lungs[side] = (mask, (x0, x1, 0.16, 0.76))
+    return lungs
+
+
+def _chest_layout(mid: float, lungs: dict) -> tuple[dict, dict]:
     points = {"midline": (mid,), "lung_R": lungs["R"][1], "lung_L": lungs["L"][1]}
     masks = {"lung_R": lungs["R"][0], "lung_L": lungs["L"][0]}
     base = max(lungs["R"][1][3], lungs["L"][1][3])
@@ -87,7 +101,7 @@ def _chest_points(g: np.ndarray) -> tuple[dict, dict, bool]:
     # The heart sits low between the lungs, bulging toward the patient's left (image right).
     points["heart"] = (mid + 0.05, base - 0.22 * height, 0.13, 0.11 * height / 0.6)
     points["thorax"] = (top, base)
-    return points, masks, ok
+    return points, masks
 
 
 def _chest_regions(anat: Anatomy, size: int) -> dict[str, np.ndarray]:
@@ -132,6 +146,9 @@ def _chest_regions(anat: Anatomy, size: int) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------- brain MRI
+_TYPICAL_HEAD = (0.5, 0.5, 0.36, 0.44)  # centre and semi-axes, fractions of the side
+
+
 def _brain_points(g: np.ndarray) -> tuple[dict, dict, bool]:
     n = g.shape[0]
     head = blur(g, 2) > max(0.5 * otsu(g), 8)
@@ -143,7 +160,7 @@ def _brain_points(g: np.ndarray) -> tuple[dict, dict, bool]:
         cx, cy = xs.mean() / n, ys.mean() / n
         ax, ay = 2 * xs.std() / n, 2 * ys.std() / n
     else:
-        cx, cy, ax, ay = 0.5, 0.5, 0.36, 0.44
+        cx, cy, ax, ay = _TYPICAL_HEAD
         head = ellipse_radius(n, cx * n, cy * n, ax * n, ay * n) <= 1
     # The brain lies inside the scalp and skull: about 86 % of the head's semi-axes.
     return {"brain": (cx, cy, 0.86 * ax, 0.86 * ay)}, {"head": head}, ok
@@ -233,6 +250,23 @@ def _estimate(small: np.ndarray, modality: str) -> Anatomy:
     else:
         raise ValueError(f"unknown modality {modality!r}")
     return Anatomy(modality=modality, points=points, masks=masks, estimated=ok)
+
+
+def typical_anatomy(modality: str, n: int = 256) -> Anatomy:
+    """The fallback geometry of a modality, with no image to locate it on: centred lungs and heart, a centred
+    head, a centred fundus with the disc right of centre and the fovea left (a right eye)."""
+    if modality == "chest_xray":
+        points, masks = _chest_layout(0.5, _typical_lungs(n))
+    elif modality == "brain_mri":
+        cx, cy, ax, ay = _TYPICAL_HEAD
+        points = {"brain": (cx, cy, 0.86 * ax, 0.86 * ay)}
+        masks = {"head": ellipse_radius(n, cx * n, cy * n, ax * n, ay * n) <= 1}
+    elif modality == "fundus":
+        points = {"fundus": (0.5, 0.5, 0.47), "disc": (0.66, 0.5, 0.05), "fovea": (0.42, 0.51)}
+        masks = {"fundus": disc(n, 0.5 * n, 0.5 * n, 0.47 * n)}
+    else:
+        raise ValueError(f"unknown modality {modality!r}")
+    return Anatomy(modality=modality, points=points, masks=masks, estimated=False)
 
 
 _ANATOMIES: SourceCache[Anatomy] = SourceCache(128)

@@ -16,6 +16,7 @@ from ..base import Editor, EditRefused
 from ...records import EditedImage, SourceImage, Task, encode_jpeg
 from .lesions import apply_ops, build_add, build_remove, make_canvas, spec_for
 from .params import EditParams, parse
+from .truth import DETAILS_KEY, drawn_mask, encode
 
 
 def realise(params: EditParams, rng: np.random.Generator, jitter: float = 1.0) -> dict:
@@ -66,5 +67,6 @@ class SimulatedEditor(Editor):
         out = np.clip(out + drift + 0.5, 0, 255).astype(np.uint8)
         details = {"params": params.as_dict(),
                    "realised": {k: round(v, 3) if isinstance(v, float) else v for k, v in realised.items()},
-                   "global_drift": round(drift, 2), "seed": seed, **ops.facts}
+                   "global_drift": round(drift, 2), "seed": seed, **ops.facts,
+                   DETAILS_KEY: encode(drawn_mask(ops, canvas))}  # the ground truth of the edit's ROI (truth.py)
         return EditedImage(data=encode_jpeg(out, quality=95), model=self.model, details=details)

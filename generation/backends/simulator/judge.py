@@ -58,6 +58,7 @@ from ..base import Judge
 from ...records import EditedImage, EditScores, SourceImage, Task, Verdict, rubric_score
 from ...taxonomy import load_taxonomy
 from . import scores
+from .anatomy import REGION_MARGIN
 from .imaging import WORK, blur, highpass, luminance, resize_mask, resize_rgb, robust_std
 from .lesions import evidence_map, find_lesion, healthy_rgb, make_canvas, repair_area, spec_for
 
@@ -82,7 +83,7 @@ class Thresholds:
     grain_high: float = 1.45
     edge_width_min: float = 3.5
     spill_max: float = 0.15
-    spill_margin: int = 12
+    spill_margin: int = REGION_MARGIN
     ssim_min: float = 0.92
     shift_max: float = 2.0
 
