@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .store import DB_NAME, MODES, ReviewStore
+from ..builder.review_folder import DB_NAME, MODES  # the store itself is imported when a form needs it
 
 DEFAULT_ITEMS = 100
 DEFAULT_RATERS = 2
@@ -148,6 +148,8 @@ def run_review(args) -> int:
             raise FileNotFoundError(f"{target} {what}; to create a review from a dataset or run, give --out "
                                     "REVIEW_DIR")
         _refuse_options(args, "serve")
+        from .store import ReviewStore
+
         return _serve(ReviewStore.open(target), args)
     if is_review:
         raise ValueError(f"{target} is a review folder, not a dataset or run: serve it with `medbanana review "
@@ -194,7 +196,7 @@ def run_create(args, source: Path) -> int:
             from exc
 
 
-def _serve(store: ReviewStore, args) -> int:
+def _serve(store, args) -> int:
     from .app import serve
 
     return serve(store, host=args.host or "127.0.0.1", port=DEFAULT_PORT if args.port is None else args.port)

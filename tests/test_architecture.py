@@ -26,14 +26,15 @@ ALLOWED = {
     # above the stages: a command that spans two of them (generate, then build)
     "demo": BASE | {"generation.commands", "generation.runners", "generation.rundir", "generation.backends",
                     "builder"},
-    "builder": BASE | {"generation.rundir", "package", "review.store"},
+    "builder": BASE | {"generation.rundir", "package"},
     "loaders": BASE | {"generation.rundir", "builder"},
     "medbanana_50k": {"builder"},
     "evaluation": BASE | {"generation.rundir", "generation.backends", "builder"},
     "dpo": BASE | {"generation.backends", "loaders"},
-    # review: its store is the folder's contract (the builder's `--reviews` reads it); the rest reads datasets and
-    # runs through evaluation's inputs and reports with its agreement helpers
-    "review.store": BASE,
+    # review: its store writes the folder whose read contract is the builder's (builder/review_folder.py, what
+    # `--reviews` reads); the rest reads datasets and runs through evaluation's inputs and reports with its agreement
+    # helpers
+    "review.store": BASE | {"builder"},
     "review": BASE | {"generation.rundir", "builder", "evaluation", "review.store"},
 }
 
