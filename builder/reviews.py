@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..review.store import ReviewStore
 from . import REVIEW_CONFIG
 from .features import CONFIG_FEATURES
 from .output import BuildError
 from .parquet import ConfigSchema
 from .partition import ShardWriters
+from .review_folder import ReviewFolder
 from .rows import split_of
 from .stats import BuildStats
 
@@ -37,12 +37,12 @@ def split_sample_id(sample_id: str) -> tuple[str, int | None]:
     return (uid, int(round_no)) if sep and round_no.isdigit() else (sample_id, None)
 
 
-def open_reviews(folders: Sequence[Path]) -> list[ReviewStore]:
-    """The review stores, checked before the build writes anything."""
+def open_reviews(folders: Sequence[Path]) -> list[ReviewFolder]:
+    """The review folders, opened to read and checked before the build writes anything."""
     stores = []
     for folder in folders:
         try:
-            stores.append(ReviewStore.open(folder))
+            stores.append(ReviewFolder.open(folder))
         except FileNotFoundError as exc:
             raise BuildError(f"--reviews: {exc}") from None
     names = [s.folder.resolve().name for s in stores]
@@ -51,7 +51,7 @@ def open_reviews(folders: Sequence[Path]) -> list[ReviewStore]:
     return stores
 
 
-def review_rows(stores: Iterable[ReviewStore], built_uids: set[str], info: dict,
+def review_rows(stores: Iterable[ReviewFolder], built_uids: set[str], info: dict,
                 reasons: str = "keep") -> Iterable[tuple[str, dict]]:
     """(source id, row) for every answer whose task is built; `info[review] = {mode, answers, rows, left_out}`.
     `reasons`: keep the raters' free-text reasons, or drop them (None: free text may hold names)."""
@@ -88,12 +88,12 @@ def review_rows(stores: Iterable[ReviewStore], built_uids: set[str], info: dict,
             }
 
 
-def reviewed_uids(stores: Iterable[ReviewStore]) -> frozenset[str]:
+def reviewed_uids(stores: Iterable[ReviewFolder]) -> frozenset[str]:
     """The tasks the reviews' items are about: the build notes which of them it builds (`PartitionSpec`)."""
     return frozenset(split_sample_id(item.sample_id)[0] for store in stores for item in store.items())
 
 
-def write_reviews(stores: Sequence[ReviewStore], folder: Path, built_uids: set[str], stats: BuildStats,
+def write_reviews(stores: Sequence[ReviewFolder], folder: Path, built_uids: set[str], stats: BuildStats,
                   test_fraction: float, max_shard_bytes: int, hasher=None,
                   reasons: str = "keep") -> tuple[dict[str, str], dict]:
     """Write the human_review shards into the staging `folder` (split by source, like every config); returns

@@ -258,7 +258,7 @@ def _evaluate_into_out(args, samples, attempts: str) -> int:
                 "cp_mode": args.cp_mode, "roi": args.roi,
                 "judge": judge_description(judge) if judge else None}
     options = EvalOptions(cp_mode=args.cp_mode, roi=args.roi, lpips=args.lpips,
-                          concurrency=args.concurrency, quiet=args.quiet)
+                          concurrency=args.concurrency, quiet=args.quiet, total=_total(args, attempts))
     if args.limit is not None:
         samples = itertools.islice(samples, args.limit)
     summary = evaluate(samples, args.out, settings=settings, options=options, judge=judge)
@@ -270,6 +270,17 @@ def _evaluate_into_out(args, samples, attempts: str) -> int:
         _report_attention(args.input, args.out)
     print(f"wrote {args.out.resolve()}/report.md")
     return eval_exit_code(summary)
+
+
+def _total(args, attempts: str) -> int | None:
+    """The progress bar's total: the input's samples where they can be counted cheaply, at most --limit."""
+    from .inputs import count_samples
+
+    if args.quiet:
+        return None
+    total = count_samples(args.input, config=args.config or args.default_config, split=args.split,
+                          attempts=attempts)  # the config applies to a built dataset only
+    return total if total is None or args.limit is None else min(total, args.limit)
 
 
 def summary_line(summary: dict) -> str:

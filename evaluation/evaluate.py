@@ -55,6 +55,7 @@ class EvalOptions:
     lpips: bool = True  # compute LPIPS when its weights are on this machine
     concurrency: int = 2
     quiet: bool = False
+    total: int | None = None  # samples the input holds, the progress bar's total (None: unknown)
 
 
 def evaluate(samples: Iterable[Sample], out: Path, *, settings: dict, options: EvalOptions | None = None,
@@ -105,7 +106,8 @@ async def _score_all(samples: Iterable[Sample], done: set, path: Path, options: 
             torn.seek(-1, 2)
             if torn.read(1) != b"\n":
                 torn.write(b"\n")
-    with open(path, "a", encoding="utf-8") as sink, tqdm(disable=options.quiet, unit="sample") as bar:
+    with open(path, "a", encoding="utf-8") as sink, tqdm(disable=options.quiet, unit="sample",
+                                                        total=options.total) as bar:
         async def one(sample: Sample) -> None:
             try:
                 record = await score_sample(sample, options, judge, lpips)
@@ -117,6 +119,7 @@ async def _score_all(samples: Iterable[Sample], done: set, path: Path, options: 
 
         for sample in samples:
             if sample.id in done:
+                bar.update()  # scored before: counted, so that a resumed bar ends at its total
                 continue
             done.add(sample.id)
             await slots.acquire()

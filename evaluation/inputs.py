@@ -133,8 +133,12 @@ def open_samples(path: Path, *, config: str | None = None, split: str | None = N
 
 # ---------------------------------------------------------------- evaluation folders
 
+def _samples_file(path: Path) -> Path:
+    return path if path.is_file() else next(path / n for n in MANIFEST_NAMES if (path / n).is_file())
+
+
 def read_samples_file(path: Path) -> list[Sample]:
-    file = path if path.is_file() else next(path / n for n in MANIFEST_NAMES if (path / n).is_file())
+    file = _samples_file(path)
     root = file.parent
     if file.suffix == ".csv":
         with file.open(newline="", encoding="utf-8") as fh:
@@ -270,7 +274,7 @@ def sources_notice(run_path: Path) -> str:
 def _run_attempts(units, sources: SourceIndex | None, attempts: str, notice: str | None = None) -> Iterator[Sample]:
     for unit in units:
         for task in read_tasks(unit):
-            chosen = ([task.accepted] if task.accepted else []) if attempts == "accepted" else task.attempts
+            chosen = _chosen_attempts(task, attempts)
             source = problem_of_source = None
             if sources is not None:
                 try:
@@ -294,6 +298,34 @@ def _run_attempts(units, sources: SourceIndex | None, attempts: str, notice: str
                              edited=edited, problem=problem,
                              recorded_verdict=verdict_values(attempt.verdict) if attempt.verdict else None,
                              accepted=bool(attempt.accepted), task_edit=True)
+
+
+def _chosen_attempts(task, attempts: str) -> list:
+    return ([task.accepted] if task.accepted else []) if attempts == "accepted" else task.attempts
+
+
+def count_samples(path: Path, *, config: str | None = None, split: str | None = None,
+                  attempts: str = "accepted") -> int | None:
+    """How many samples `open_samples` gives, for a progress bar's total, where a cheap count exists: a samples
+    file's entries, a built dataset's rows from its parquet footers, a run's attempts with an image from its
+    records. None when it cannot tell (`open_samples` says what is wrong with the input)."""
+    path = Path(path)
+    try:
+        kind = input_kind(path)
+        if kind == "manifest":
+            with _samples_file(path).open(newline="", encoding="utf-8") as fh:
+                if fh.name.endswith(".csv"):
+                    return sum(1 for _ in csv.DictReader(fh))
+                return sum(1 for line in fh if line.strip())
+        if kind == "dataset":
+            import pyarrow.parquet as pq
+
+            files = sorted(path.glob(f"{config or 'sft'}/{split or '*'}-*.parquet"))
+            return sum(pq.ParquetFile(file).metadata.num_rows for file in files) if files else None
+        return sum(1 for unit in discover_units(path) for task in read_tasks(unit)
+                   for attempt in _chosen_attempts(task, attempts) if attempt.image)
+    except (OSError, ValueError, StopIteration):
+        return None
 
 
 def _attempt_image(task, attempt) -> tuple[Path | None, str | None]:

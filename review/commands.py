@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .store import DB_NAME, MODES, ReviewStore
+from ..builder.review_folder import DB_NAME, MODES  # the store itself is imported when a form needs it
 
 DEFAULT_ITEMS = 100
 DEFAULT_RATERS = 2
@@ -48,43 +48,83 @@ once, a reload resumes, a stopped or killed server loses nothing answered. Each 
 digits, spaces and . - _ ' only); on a Hugging Face Space they sign in with Hugging Face instead.
 The page is served on --host (default 127.0.0.1: this machine only) and never contacts the network."""
 
-# option -> the forms it belongs to ("create", "serve", "export", "report")
-FORMS_OF = {"mode": {"create"}, "items": {"create"}, "raters_per_item": {"create"}, "source_images": {"create"},
-            "no_serve": {"create"}, "host": {"create", "serve"}, "port": {"create", "serve"},
-            "seed": {"create", "report"}, "rater": {"export"}, "bootstrap": {"report"}}
+# (flag, argparse keywords, the forms it belongs to: "create", "serve", "export", "report"); one table for the
+# combined parser and for `review export --help` / `review report --help`
+OPTIONS = (
+    ("--out", dict(type=Path, metavar="PATH", help="creating: the new review folder; export: the labels CSV; "
+                                                   "report: the report folder"), {"create", "export", "report"}),
+    ("--mode", dict(choices=MODES, help="creating: rubric (default) or realism"), {"create"}),
+    ("--items", dict(type=int, metavar="N", help=f"creating: edits to sample (default {DEFAULT_ITEMS})"), {"create"}),
+    ("--raters-per-item", dict(type=int, metavar="K", help=f"creating: answers wanted per item (default "
+                                                           f"{DEFAULT_RATERS})"), {"create"}),
+    ("--seed", dict(type=int, metavar="S", help="creating: the sample's seed; report: the bootstrap's seed "
+                                                "(default 0)"), {"create", "report"}),
+    ("--source-images", dict(type=Path, metavar="DIR",
+                             help="creating: the folder of the source images, for a dataset built without them or a "
+                                  "run whose medbanana-run.json names a sources folder outside the run (confirm it "
+                                  "here)"), {"create"}),
+    ("--host", dict(metavar="HOST", help="serving: the address to listen on (default 127.0.0.1; 0.0.0.0 opens it to "
+                                         "the network)"), {"create", "serve"}),
+    ("--port", dict(type=int, metavar="P", help=f"serving: the port (default {DEFAULT_PORT})"), {"create", "serve"}),
+    ("--no-serve", dict(action="store_true", help="creating: create the review folder and stop"), {"create"}),
+    ("--rater", dict(metavar="NAME", help="export: one rater's own answers instead of the majority"), {"export"}),
+    ("--bootstrap", dict(type=int, metavar="N", help=f"report: bootstrap resamples for the intervals (default "
+                                                     f"{DEFAULT_BOOTSTRAP})"), {"report"}),
+)
+FORMS_OF = {flag[2:].replace("-", "_"): forms for flag, _, forms in OPTIONS}
 FORM_NAMES = {"create": "creating a review (SOURCE --out REVIEW_DIR)", "serve": "serving an existing REVIEW_DIR",
               "export": "`medbanana review export`", "report": "`medbanana review report`"}
+VERB_HELP = {
+    "export": ("medbanana review export REVIEW_DIR --out labels.csv [--rater NAME]",
+               "Write a rubric review's answers as the CSV `medbanana judge-agreement RUN --human labels.csv` reads: "
+               "one row per edit, the majority of its raters' labels (or one rater's own with --rater)."),
+    "report": ("medbanana review report REVIEW_DIR --out DIR [--bootstrap N] [--seed S]",
+               "Inter-rater agreement per dimension (Cohen's / Fleiss' kappa, Krippendorff's alpha, bootstrap 95 % "
+               "intervals), judge-vs-human agreement and confusion matrices; realism: detection accuracy and AUROC."),
+}
+
+
+class _FormHelp(argparse.Action):
+    """-h/--help: `review export --help` and `review report --help` show that form's own options, not the whole
+    command's (the form is the first word, read before the flag)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show this help and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        words = getattr(namespace, "words", None) or []
+        (verb_parser(words[0]) if words and words[0] in VERBS else parser).print_help()
+        parser.exit()
+
+
+def verb_parser(verb: str) -> argparse.ArgumentParser:
+    """The parser `medbanana review VERB --help` prints: REVIEW_DIR and the options of that form."""
+    usage, description = VERB_HELP[verb]
+    p = argparse.ArgumentParser(prog=f"medbanana review {verb}", usage=usage, description=description)
+    p.add_argument("review_dir", type=Path, metavar="REVIEW_DIR", help="a review folder (holding review.sqlite)")
+    for flag, keywords, forms in OPTIONS:
+        if verb in forms:  # of a help naming several forms ("creating: ...; report: ..."), this form's part
+            parts = [part.partition(": ")[2] for part in keywords["help"].split("; ") if part.startswith(verb + ":")]
+            p.add_argument(flag, **{**keywords, "help": "; ".join(parts) or keywords["help"]},
+                           required=flag == "--out")
+    return p
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "review", help="blind expert review on a web page: rubric or realism, export labels, inter-rater report",
-        usage=USAGE, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage=USAGE, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False,
         epilog="example:\n"
                "  medbanana review demo/run --out review-1 --items 6 --raters-per-item 2   # open the URL it prints\n"
                "  medbanana review export review-1 --out labels.csv\n"
-               "  medbanana judge-agreement demo/run --out agreement --human labels.csv")
+               "  medbanana judge-agreement demo/run --out agreement --human labels.csv\n"
+               "each form's own options: medbanana review export --help, medbanana review report --help")
+    p.add_argument("-h", "--help", action=_FormHelp)
     p.add_argument("words", nargs="+", metavar="SOURCE|REVIEW_DIR",
                    help="a dataset or run to sample (with --out), a review folder to serve, or export / report "
                         "followed by a review folder")
-    p.add_argument("--out", type=Path, metavar="PATH",
-                   help="creating: the new review folder; export: the labels CSV; report: the report folder")
-    p.add_argument("--mode", choices=MODES, help="creating: rubric (default) or realism")
-    p.add_argument("--items", type=int, metavar="N", help=f"creating: edits to sample (default {DEFAULT_ITEMS})")
-    p.add_argument("--raters-per-item", type=int, metavar="K",
-                   help=f"creating: answers wanted per item (default {DEFAULT_RATERS})")
-    p.add_argument("--seed", type=int, metavar="S",
-                   help="creating: the sample's seed; report: the bootstrap's seed (default 0)")
-    p.add_argument("--source-images", type=Path, metavar="DIR",
-                   help="creating: the folder of the source images, for a dataset built without them or a run whose "
-                        "medbanana-run.json names a sources folder outside the run (confirm it here)")
-    p.add_argument("--host", metavar="HOST",
-                   help="serving: the address to listen on (default 127.0.0.1; 0.0.0.0 opens it to the network)")
-    p.add_argument("--port", type=int, metavar="P", help=f"serving: the port (default {DEFAULT_PORT})")
-    p.add_argument("--no-serve", action="store_true", help="creating: create the review folder and stop")
-    p.add_argument("--rater", metavar="NAME", help="export: one rater's own answers instead of the majority")
-    p.add_argument("--bootstrap", type=int, metavar="N",
-                   help=f"report: bootstrap resamples for the intervals (default {DEFAULT_BOOTSTRAP})")
+    for flag, keywords, _forms in OPTIONS:
+        p.add_argument(flag, **keywords)
     p.set_defaults(func=run_review)
 
 
@@ -108,6 +148,8 @@ def run_review(args) -> int:
             raise FileNotFoundError(f"{target} {what}; to create a review from a dataset or run, give --out "
                                     "REVIEW_DIR")
         _refuse_options(args, "serve")
+        from .store import ReviewStore
+
         return _serve(ReviewStore.open(target), args)
     if is_review:
         raise ValueError(f"{target} is a review folder, not a dataset or run: serve it with `medbanana review "
@@ -154,7 +196,7 @@ def run_create(args, source: Path) -> int:
             from exc
 
 
-def _serve(store: ReviewStore, args) -> int:
+def _serve(store, args) -> int:
     from .app import serve
 
     return serve(store, host=args.host or "127.0.0.1", port=DEFAULT_PORT if args.port is None else args.port)

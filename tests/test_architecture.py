@@ -28,14 +28,15 @@ ALLOWED = {
                     "builder"},
     "export": BASE | {"builder", "loaders"},  # `medbanana export`: reads built datasets (loaders/medebench.py)
     # the builder's masks (builder/masks.py) locate a task's region with the simulator's anatomy model
-    "builder": BASE | {"generation.rundir", "generation.backends", "package", "review.store"},
+    "builder": BASE | {"generation.rundir", "generation.backends", "package"},
     "loaders": BASE | {"generation.rundir", "builder"},
     "medbanana_50k": {"builder"},
     "evaluation": BASE | {"generation.rundir", "generation.backends", "builder"},
     "dpo": BASE | {"generation.backends", "loaders"},
-    # review: its store is the folder's contract (the builder's `--reviews` reads it); the rest reads datasets and
-    # runs through evaluation's inputs and reports with its agreement helpers
-    "review.store": BASE,
+    # review: its store writes the folder whose read contract is the builder's (builder/review_folder.py, what
+    # `--reviews` reads); the rest reads datasets and runs through evaluation's inputs and reports with its agreement
+    # helpers
+    "review.store": BASE | {"builder"},
     "review": BASE | {"generation.rundir", "builder", "evaluation", "review.store"},
 }
 

@@ -1,14 +1,18 @@
 """One writer per directory: an exclusive `flock` on FOLDER/medbanana.lock, held while a command writes there.
 
 The kernel drops the lock when its holder's file is closed or the process dies (kill -9 included), so a crashed
-run never leaves a stale lock to clean up; the file itself stays and only says who held it last. A second
-process is refused at once (no waiting) with the holder's pid, host, start time and command, which the holder
-writes into the file. Readers may take the lock shared: they are refused while a writer holds it, and a writer is
-refused while they read (readers only lock a folder that has the file: they create nothing). `flock` also covers
+run never leaves a stale lock to clean up. A second process is refused at once (no waiting) with the holder's pid,
+host, start time and command, which the holder writes into the file. Readers may take the lock shared: they are
+refused while a writer holds it, and a writer is refused while they read. Whoever releases the lock last removes the
+file, while still holding it exclusively (a reader first tries to turn its shared lock into that), so a finished
+command leaves none; a file left by a killed process only says who held it last. Every taker therefore checks,
+after locking, that the file it locked is still the one at the path, and locks the one there if not: without that, a
+process that opened the file just before it was removed would hold a lock nobody else can see. `flock` also covers
 NFS on Linux (emulated with byte-range locks there). A writer never opens the lock file through a symbolic link
 (O_NOFOLLOW: a folder from elsewhere may hold a link to a file outside it, which the holder's line would overwrite):
-a link there is refused with one line, and left as it is. The command line recorded is scrubbed (secrets.py: keys,
-a URL's `user:password@`), and so is the holder's when it is quoted.
+a link there is refused with one line, and left as it is; a reader locks through it, read-only, and removes nothing.
+A reader of a folder it may not write (read-only inputs) locks the file if there is one, and creates nothing. The
+command line recorded is scrubbed (secrets.py: keys, a URL's `user:password@`), and so is the holder's when quoted.
 
     with hold_lock(run_dir, "run directory"):   # LockHeld (exit code 75) when another process holds it
         ...
@@ -66,8 +70,8 @@ def _holder(fd: int) -> str:
         info = json.loads(os.pread(fd, 8192, 0) or b"{}")
     except (OSError, ValueError):
         info = {}
-    if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
-        return "another process (it has not said who it is yet)"
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int):  # readers write nothing
+        return "another process that has not said who it is (a medbanana command reading it, or one starting)"
     if info.get("host") == socket.gethostname() and not _alive(info["pid"]):
         # the writer named in the file is gone, so the holders are readers (shared locks write nothing)
         return "another medbanana process reading it"
@@ -86,36 +90,38 @@ class DirLock:
         self.path = self.folder.parent / f".{self.folder.name}.{LOCK_NAME}" if beside else self.folder / LOCK_NAME
         self._fd: int | None = None
         self._borrowed = False
+        self._removable = True  # the lock file is this process's to remove on release (not a link, a folder it writes)
 
     def acquire(self) -> "DirLock":
-        """Lock, or raise LockHeld. A lock file beside its folder is removed by the writer that releases it (so
-        nothing is left beside the folder), while still holding it: a taker therefore checks after locking that
-        the file it locked is still the one at the path, and locks again if not."""
+        """Lock, or raise LockHeld. Whoever releases last removes the lock file while still holding it, so a taker
+        checks after locking that the file it locked is still the one at the path, and locks again if not."""
         while True:
-            self._acquire_once()
-            if not self.beside or self._fd is None or self._borrowed:
+            if self._borrowed or self._fd is not None:
                 return self
+            lender = _LENT.get(self.path.resolve())
+            if lender is not None and lender.held and not self.shared:
+                self._borrowed = True  # the lender holds it for this process: nothing to take, nothing to release
+                return self
+            fd = self._open()
+            if fd is None:  # a reader of a folder it may not write, with no lock file: nothing to lock
+                return self
+            self._lock(fd)
             try:
-                if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
-                    return self
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    break
             except FileNotFoundError:
                 pass
-            self.release()  # locked a file its writer removed meanwhile: lock the one at the path now
+            os.close(fd)  # locked a file its last holder removed meanwhile: lock the one at the path now
+        if not self.shared:
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": self.what,
+                    "command": _command()}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        self._fd = fd
+        return self
 
-    def _acquire_once(self) -> None:
-        if self._fd is not None or self._borrowed:
-            return
-        lender = _LENT.get(self.path.resolve())
-        if lender is not None and lender.held and not self.shared:
-            self._borrowed = True  # the lender holds it for this process: nothing to take, nothing to release
-            return
-        if self.shared:
-            fd = self._open_for_reading()
-            if fd is None:
-                return
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = self._open_for_writing()
+    def _lock(self, fd: int) -> None:
+        """flock `fd` without waiting; LockHeld naming the holder (the fd closed) when another process has it."""
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
@@ -127,40 +133,47 @@ class DirLock:
             doing = "written" if self.shared else "used"
             raise LockHeld(f"{self.folder} ({self.what}) is being {doing} by {who}; wait for it to end or stop "
                            f"it (the lock goes with that process), or use another folder") from None
-        if not self.shared:
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": self.what,
-                    "command": _command()}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
-        self._fd = fd
 
-    def _open_for_writing(self) -> int:
-        """The lock file, created if need be (never truncated before the lock is ours); a symbolic link at its
-        name is refused (RuntimeError), not followed."""
+    def _open(self) -> int | None:
+        """The lock file, created if need be (never truncated before the lock is ours), never through a symbolic
+        link: a writer refuses one (RuntimeError). A reader that may not create the file, or finds a link, opens
+        what is there read-only (None when nothing is: it creates nothing in an input it may not write)."""
+        if not self.shared:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._removable = True
         try:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            if exc.errno != errno.ELOOP:
+            if not self.shared and exc.errno == errno.ELOOP:
+                raise RuntimeError(f"{self.path} is a symbolic link: medbanana writes no lock file through a link "
+                                   f"(it may point outside {self.folder.parent if self.beside else self.folder}); "
+                                   f"remove it and run again") from None
+            if not self.shared or exc.errno not in (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EROFS,
+                                                     errno.ENOENT):
                 raise
-        raise RuntimeError(f"{self.path} is a symbolic link: medbanana writes no lock file through a link (it may "
-                           f"point outside {self.folder.parent if self.beside else self.folder}); remove it and "
-                           f"run again")
-
-    def _open_for_reading(self) -> int | None:
-        """The lock file, read-only; None when there is none: no writer ever locked the folder, and a reader
-        creates nothing in what it reads (inputs may be read-only, or compared before and after)."""
+        self._removable = False  # not ours to remove: a link, or a file in a folder this process may not write
         try:
-            return os.open(self.path, os.O_RDONLY)
+            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
 
     def release(self) -> None:
+        """Unlock; the last holder (an exclusive one, or a reader that can make its lock exclusive) removes the
+        lock file first, while holding it, so that nothing is left once the command ends."""
         self._borrowed = False
-        if self._fd is not None:
-            if self.beside and not self.shared:
-                self.path.unlink(missing_ok=True)  # while still held: takers check what they locked (acquire)
-            os.close(self._fd)  # closing drops the flock; a lock file inside its folder stays (unlinking it
-            self._fd = None     # there would race a new holder, who does not check)
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if self._removable:
+                if self.shared:  # other readers still holding it keep it: this fails, and the last one removes it
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.path.samestat(os.fstat(fd), os.lstat(self.path)):
+                    os.unlink(self.path)  # takers that opened it meanwhile see it gone after locking (acquire)
+        except OSError:  # another reader holds it, or it is gone: theirs to remove
+            pass
+        finally:
+            os.close(fd)  # closing drops the flock
 
     @property
     def held(self) -> bool:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +111,19 @@ def test_review_reasons_drop_leaves_the_free_text_out(reviewed, demo_run_root, t
     rows = load_medbanana(out, "human_review", split="train").to_list()
     assert len(rows) == len(rubric.answers()) and all(r["reason"] is None for r in rows)
     assert any(answer.reason for answers in given.values() for _, answer in answers)  # there were reasons to drop
+
+
+def test_build_reads_a_review_folder_without_the_review_stage(reviewed, demo_run_root, tmp_path):
+    """The builder reads a review through its own read contract (builder/review_folder.py): with the review stage's
+    store absent from the process (`sys.modules[name] = None`), `medbanana build --reviews` gives the same rows."""
+    out, rubric, realism, _given = reviewed
+    run = demo_run_root / "demo-run" / "run"
+    again = tmp_path / "dataset"
+    hide = Path(__file__).resolve().parents[1] / "hide_modules.py"
+    result = subprocess.run([sys.executable, str(hide), "medbanana.review.store,medbanana.review.items",
+                             "build", str(run), "--out", str(again), "--reviews", str(rubric.folder), "--reviews",
+                             str(realism.folder), "-q"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = load_medbanana(again, "human_review", split="train").to_list()
+    assert rows == load_medbanana(out, "human_review", split="train").to_list()
+    assert len(rows) == len(rubric.answers()) + len(realism.answers())

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from urllib.parse import quote, unquote, unquote_plus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -400,22 +401,34 @@ def _closed_port() -> int:
 
 
 def test_a_password_in_the_openai_base_url_is_in_no_file_lock_or_printed_line(sources, tmp_path):
-    """A real `medbanana generate` process (the lock records its command line) against a closed port."""
+    """A real `medbanana generate` process (the lock records its command line while it runs) against a port that
+    takes connections and never answers: the lock file is read while the run waits, and is gone after it."""
     password = f"pw-SECRET-{uuid.uuid4().hex}"
-    url = f"http://medbanana:{password}@127.0.0.1:{_closed_port()}/v1"
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out",
-                           str(run_dir), "--diseases", "Pneumothorax", "--directions", "add", "--backend", "simulator",
-                           "--writer", "openai", "--openai-base-url", url, "--openai-model", "echo",
-                           "--max-attempts", "1", "--timeout", "5", "--limit", "1"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 3, done.stderr  # the one task api_failed: nothing listens there
-    lock = json.loads((run_dir / "medbanana.lock").read_text())  # the last holder's line stays after the run
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections wait in the backlog, unanswered, until the call's --timeout
+        url = f"http://medbanana:{password}@127.0.0.1:{silent.getsockname()[1]}/v1"
+        run_dir = tmp_path / "run"
+        running = subprocess.Popen([sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out",
+                                    str(run_dir), "--diseases", "Pneumothorax", "--directions", "add", "--backend",
+                                    "simulator", "--writer", "openai", "--openai-base-url", url, "--openai-model",
+                                    "echo", "--max-attempts", "1", "--timeout", "5", "--limit", "1"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lock = None
+        while lock is None and running.poll() is None:  # the holder's line, once it is written
+            try:
+                lock = json.loads((run_dir / "medbanana.lock").read_text())
+            except (OSError, ValueError):
+                time.sleep(0.02)
+        stdout, stderr = running.communicate(timeout=120)
+    assert running.returncode == 3, stderr  # the one task api_failed: nothing answers there
+    assert lock is not None, "the run ended before its lock file could be read"
     assert "--openai-base-url http://[redacted]@127.0.0.1:" in lock["command"]
+    assert not (run_dir / "medbanana.lock").exists()  # removed when the run ended
     [record] = [r for _, _, folder in layout.find_output_dirs(run_dir)
                 for r in json.loads((folder / layout.ALL_CONVERSATIONS).read_text()).values()]
     assert record["status"] == "api_failed" and record["error"]["message"]
-    assert leaks(password, done.stdout + done.stderr) == []
+    assert leaks(password, stdout + stderr) == []
     assert {p: f for p in run_dir.rglob("*") if p.is_file() and (f := leaks(password, p.read_text("latin-1")))} == {}
 
 

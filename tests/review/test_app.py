@@ -37,6 +37,22 @@ def test_help_names_all_three_forms_and_the_defaults(capsys):
     assert "rubric" in out and "realism" in out and "judge-agreement" in out
 
 
+
+@pytest.mark.parametrize("verb, own, others", [
+    ("export", ("--out", "--rater", "labels CSV"), ("--bootstrap", "--mode", "--items", "--port", "SOURCE")),
+    ("report", ("--out", "--bootstrap", "--seed", "report folder"), ("--rater", "--mode", "--items", "--port")),
+])
+def test_a_forms_help_shows_that_form_only(capsys, verb, own, others):
+    for argv in (["review", verb, "--help"], ["review", verb, "some-review", "--out", "x", "-h"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: medbanana review {verb} REVIEW_DIR --out")
+        assert all(word in out for word in own), out
+        assert not any(word in out for word in others), out
+        assert "creating:" not in out  # each option's help says what it does in this form only
+
 def test_the_page_turns_its_inputs_into_an_answer():
     rubric = answer_from_page("rubric", ["Yes", "No", "Yes", None, "No", "  blurred edge  "], seconds=4.5)
     assert [getattr(rubric, name) for name, _ in RUBRIC_QUESTIONS] == [True, False, True, None, False]
