@@ -7,7 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ..failures import EXIT_INCOMPLETE, EXIT_OK, TOP, print_reasons, reason_key
+from ..failures import EXIT_INCOMPLETE, EXIT_OK, SOURCE_MISSING, TOP, print_reasons, reason_key
 from ..rundir import layout
 
 
@@ -29,9 +29,17 @@ def failure_reasons(run_dir: Path, n: int = TOP) -> tuple[list[tuple[str, int]],
 
 
 def generate_exit_code(summary, stream=None) -> int:
-    """EXIT_INCOMPLETE, with the top reasons on stderr, when a task of the run directory ended api_failed."""
+    """EXIT_INCOMPLETE, with the top reasons on stderr, when a task of the run directory ended api_failed (those
+    dropped for a deleted source aside: they are said, not counted)."""
     stream = stream or sys.stderr
-    failed = summary.statuses["api_failed"]
+    if summary.dropped:
+        print(f"medbanana generate: {summary.dropped:,} api_failed task(s) dropped: their source file is gone "
+              "(kept in the records with kind source_missing; not retried again)", file=stream)
+    if summary.missing_sources:
+        print(f"medbanana generate: {len(summary.missing_sources):,} api_failed task(s) cannot be retried: their "
+              f"source file is gone (first: {summary.missing_sources[0]}); restore it, or end them with "
+              f"--retry-failed {summary.run_dir} --drop-missing-sources", file=stream)
+    failed = summary.statuses["api_failed"] - summary.error_kinds[SOURCE_MISSING]
     if not failed:
         return EXIT_OK
     total = sum(summary.statuses.values())

@@ -121,6 +121,10 @@ def cmd_generate(args) -> int:
               file=sys.stderr)
         return 2
     sources, out = args.sources, args.out
+    if args.drop_missing_sources and not args.retry_failed:
+        print("medbanana generate: --drop-missing-sources ends tasks of a run being retried; give --retry-failed "
+              "RUN_DIR with it", file=sys.stderr)
+        return 2
     if args.retry_failed:  # the run's recorded selection is used, and checked against any given (pipeline.py)
         if out is not None and Path(out).resolve() != Path(args.retry_failed).resolve():
             print(f"medbanana generate: --retry-failed writes into {args.retry_failed}; leave out --out {out}",
@@ -168,7 +172,8 @@ def cmd_generate(args) -> int:
     if isinstance(c2pa, int):
         return c2pa
     options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
-                         accept=args.accept, retry_failed=bool(args.retry_failed), shard=args.shard,
+                         accept=args.accept, retry_failed=bool(args.retry_failed),
+                         drop_missing_sources=args.drop_missing_sources, shard=args.shard,
                          workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels, c2pa=c2pa)
     if args.executor == "ray":
         summary = _generate_on_ray(args, Path(sources), Path(out), selection, spec, options)
@@ -308,6 +313,10 @@ def register(sub) -> None:
                         "modalities, directions, shard, limit) and sources its medbanana-run.json records; "
                         "other selection options are refused. Backends, models, --max-rounds, --seed and --accept "
                         "default to the recorded ones too (give the signing certificate again: it is not stored)")
+    p.add_argument("--drop-missing-sources", action="store_true",
+                   help="with --retry-failed: end for good the api_failed tasks whose source file is gone (kept in "
+                        "the records with kind source_missing, their rounds too; not counted by the exit code). "
+                        "Without it they are named and stay api_failed, in case the sources are only unmounted")
     p.add_argument("--shard", type=_shard, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
     p.add_argument("--workers", type=_workers, default=1, metavar="N|auto",
                    help="processes making the calls, sharing --concurrency, --rpm and --tpm (default 1). Worth it "

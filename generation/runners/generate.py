@@ -87,7 +87,7 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
                                           limit=limit)
         selection, modality, limit = _selection_of(recorded), recorded.get("modality"), recorded.get("limit")
         options = replace(options, shard=tuple(recorded["shard"]) if recorded.get("shard") else None)
-    tasks = select_tasks(sources, selection, modality, limit, known)
+    tasks = select_tasks(sources, selection, modality, limit, known, allow_none=options.retry_failed)
     if spec is not None:  # built here with workers too: to record them, and to fail on bad options before any spawn
         writer, editor, judge = spec.build(out)
     else:
@@ -116,13 +116,13 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
 
 
 def select_tasks(sources: Path, selection: Selection, modality: str | None, limit: int | None,
-                 known: set[str] | None = None) -> list[Task]:
+                 known: set[str] | None = None, allow_none: bool = False) -> list[Task]:
     """The run's tasks before its shard is taken: the selection's, the first `limit`, those in `known` when given;
-    SourceLayoutError when none is left."""
+    SourceLayoutError when none is left, unless `allow_none` (a retry, whose sources may all be gone)."""
     tasks = scan_sources(sources, selection, modality)[:limit or None]
     if known is not None:
         tasks = [t for t in tasks if t.uid in known]
-    if not tasks:
+    if not tasks and not allow_none:
         raise SourceLayoutError(f"no source images under {sources} match the selection "
                                 f"(modalities={sorted(selection.modalities) or 'all'}, "
                                 f"diseases={sorted(selection.diseases) or 'all'}, directions={list(selection.directions)})")

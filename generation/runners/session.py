@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..backends.settings import remove_batch_files
+from ..failures import SOURCE_MISSING
 from ..files import atomic_write_json
 from ..records import DEFAULT_MAX_PIXELS, Task, TaskOutcome
 from ..rundir import layout
@@ -31,6 +32,7 @@ class RunOptions:
     seed: int = 0
     accept: str = "qualified"
     retry_failed: bool = False  # also re-run tasks that ended api_failed (their kept rounds are resumed)
+    drop_missing_sources: bool = False  # with retry_failed: api_failed tasks whose source is gone end for good
     shard: tuple[int, int] | None = None  # (i, N): this process takes the i-th of N deterministic parts
     workers: int = 1  # processes sharing the calls (processes.py); 1 runs everything in this process
     max_pixels: int = DEFAULT_MAX_PIXELS  # larger sources are source errors, refused from their header
@@ -54,6 +56,8 @@ class RunSummary:
     reconciled: Counter = field(default_factory=Counter)  # what opening the run fixed (store.RunStore.reconciled)
     dataset_dir: Path | None = None  # set when a dataset was built from the run (the demo)
     dataset: dict | None = None  # its medbanana-build.json
+    missing_sources: list[str] = field(default_factory=list)  # retried api_failed tasks whose source file is gone
+    dropped: int = 0  # of those, how many --drop-missing-sources ended now
 
     def count_finished(self, records) -> None:
         """Add finished task records (journal `record`s) to the statuses, failed attempts, rounds and errors."""
@@ -107,11 +111,34 @@ def reconciled_text(counts: dict) -> str:
     return ", ".join(f"{counts[k]} {text}" for k, text in words.items() if counts.get(k))
 
 
-def in_shard(task: Task, shard: tuple[int, int] | None) -> bool:
+def in_shard(task: Task | str, shard: tuple[int, int] | None) -> bool:
+    """Whether a task (or a task uid) belongs to the i-th of N deterministic parts."""
     if shard is None:
         return True
     index, count = shard
-    return int(hashlib.sha256(task.uid.encode()).hexdigest()[:8], 16) % count == index
+    uid = task if isinstance(task, str) else task.uid
+    return int(hashlib.sha256(uid.encode()).hexdigest()[:8], 16) % count == index
+
+
+def sources_gone(store: RunStore, tasks: list[Task], shard: tuple[int, int] | None) -> list[str]:
+    """The uids of the run's api_failed tasks (of this shard) that no scanned task stands for any more: their source
+    file was deleted or moved since, so a retry cannot run them. Those already dropped are not counted."""
+    scanned = {t.uid for t in tasks}
+    return sorted(uid for uid, record in store.finished.items()
+                  if record["status"] == "api_failed" and uid not in scanned and in_shard(uid, shard)
+                  and (record.get("error") or {}).get("kind") != SOURCE_MISSING)
+
+
+def drop_task(store: RunStore, uid: str) -> None:
+    """End an api_failed task whose source is gone for good: its record, rounds kept, with the failure kind
+    SOURCE_MISSING, which later retries and the exit code leave out."""
+    record = dict(store.finished[uid])
+    message = f"source {record.get('source_path') or record['image']} no longer exists: dropped (--drop-missing-sources)"
+    record["error"] = {"step": "load_source", "kind": SOURCE_MISSING, "message": message}
+    record["api_failure"] = {**(record.get("api_failure") or {"task": record["key"], "image": record["image"],
+                                                               "disease": record["disease"], "round": None}),
+                             "step": "load_source", "kind": SOURCE_MISSING, "error": message}
+    store.add_finished(record)
 
 
 def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
@@ -135,6 +162,13 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
     todo = [t for t in mine if t.uid not in store.finished or t.uid in store.reopened
             or store.finished[t.uid]["status"] in redo]
     summary.skipped = len(mine) - len(todo)
+    if options.retry_failed and (gone := sources_gone(store, tasks, options.shard)):
+        if options.drop_missing_sources:
+            for uid in gone:
+                drop_task(store, uid)
+            summary.dropped = len(gone)
+        else:
+            summary.missing_sources = [store.finished[uid].get("source_path") or uid for uid in gone]
     return store, summary, todo
 
 
