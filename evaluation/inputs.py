@@ -55,6 +55,11 @@ SCORABLE_CONFIGS = ("sft", "failed", "judge")  # configs whose rows hold a sourc
 ImageRef = bytes | Path  # bytes as stored in a dataset row, or a file
 
 
+class LeadsOutside(str):
+    """The problem of a data-named path leading outside the folder the user named (refused, never read), as the
+    readers below produce it; a `Sample` given one sets its `outside` flag and keeps the text as a plain str."""
+
+
 @dataclass
 class Sample:
     id: str
@@ -73,6 +78,11 @@ class Sample:
     recorded_verdict: dict | None = None  # the run's or dataset's verdict (VERDICT_FIELDS), when it has one
     problem: str | None = None  # why the sample cannot be scored (a missing image), recorded as its error
     accepted: bool | None = None  # whether the run accepted this edit, where the input says (None: not said)
+    outside: bool = False  # the problem is a path leading outside the folder named: refused, never read
+
+    def __post_init__(self):  # a LeadsOutside problem sets `outside`; the problem is kept as plain text
+        if isinstance(self.problem, LeadsOutside):
+            self.problem, self.outside = str(self.problem), True
 
 
 def sample_id(uid: str, round_no: int | None) -> str:
@@ -210,7 +220,7 @@ def _row_sample(row: dict, config: str, names: set, sources: SourceIndex | None)
             source = sources.find(row["dataset"], row["task"], row["disease"], row["source_id"],
                                   row.get("source_path"))
         except Refused as exc:  # a source file linked out of --source-images: this sample's error, not read
-            problem = str(exc)
+            problem = LeadsOutside(exc)
     edited = (row.get("edited_image") or {}).get("bytes")
     if problem is not None:
         pass
@@ -281,7 +291,7 @@ def _run_attempts(units, sources: SourceIndex | None, attempts: str, notice: str
                     source = sources.find(task.dataset, task.direction, task.disease, task.source_id,
                                           task.source_path)
                 except Refused as exc:
-                    problem_of_source = str(exc)
+                    problem_of_source = LeadsOutside(exc)
             for attempt in chosen:
                 if not attempt.image:
                     continue  # the editor produced no image: nothing to score
@@ -334,7 +344,7 @@ def _attempt_image(task, attempt) -> tuple[Path | None, str | None]:
     try:
         edited = inside(task.run_dir, attempt.image, f"{task.origin}, round {attempt.round}", task.scope)
     except Refused as exc:
-        return None, str(exc)
+        return None, LeadsOutside(exc)
     return edited, None if edited.is_file() else f"image file missing: {attempt.image}"
 
 
@@ -349,7 +359,7 @@ def with_model_edit(sample: Sample, edits: Path) -> Sample:
         try:
             path = inside(edits, f"{uid}{suffix}", f"the uid of sample {sample.id!r}")
         except Refused as exc:
-            refused = str(exc)
+            refused = LeadsOutside(exc)
             break
         if path.is_file():
             found = path
@@ -358,4 +368,5 @@ def with_model_edit(sample: Sample, edits: Path) -> Sample:
     return Sample(id=sample.id, dataset=sample.dataset, modality=sample.modality, disease=sample.disease,
                   direction=sample.direction, instruction=sample.instruction, source=sample.source, edited=found,
                   ground_truth=sample.edited, problem=problem, edit_mask=sample.edit_mask,
-                  region_mask=sample.region_mask, task_edit=sample.task_edit)  # the task's edit's masks
+                  region_mask=sample.region_mask, task_edit=sample.task_edit,  # the task's edit's masks
+                  outside=sample.outside and problem == sample.problem)

@@ -55,7 +55,7 @@ def read_edits(path: Path, *, source_images: Path | None = None) -> list[Sample]
     named = {"run": ("edited",), "manifest": ("source", "edited")}.get(kind, ())
     usable, outside = [], []
     for sample in samples:
-        if sample.problem is not None and "leads outside" in sample.problem:  # refused by layout.inside, unread
+        if sample.outside:  # refused by the containment rule, never read
             outside.append(sample.id)
             continue
         if sample.problem is not None or sample.source is None or sample.edited is None:
