@@ -12,7 +12,6 @@ layout, compared with the journal line that names its path. Identical bytes (the
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections import Counter, defaultdict, deque
@@ -20,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..generation.rundir import layout
+from ..generation.rundir import layout, schema
 from ..generation.rundir.signing import (STATUSES, check_image, provenance_differences, reading_context,
                                          require_c2pa)
 from ..generation.rundir.store import read_journal
@@ -135,13 +134,8 @@ def run_records(run_dir: Path) -> dict[str, dict] | None:
         return None
     journal = read_journal(layout.inside(run_dir, layout.JOURNAL, named_by=f"the run directory {run_dir}"))
     run_id = None
-    if (run_dir / layout.RUN_CONFIG).exists():
-        try:
-            config = json.loads(layout.inside(run_dir, layout.RUN_CONFIG, named_by=str(run_dir)).read_bytes())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{run_dir / layout.RUN_CONFIG}: not a run configuration ({exc})") from None
-        if isinstance(config, dict) and not config.get("merged_from"):
-            run_id = config.get("run_id")
+    if (config := schema.read_run_config(run_dir)) and not config.get("merged_from"):
+        run_id = config.get("run_id")
     expected: dict[str, dict] = {}
     for entry in journal:
         if not isinstance(entry, dict):

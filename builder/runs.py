@@ -28,7 +28,6 @@ own files (medbanana-run.json) are then not read.
 from __future__ import annotations
 
 import gc
-import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,7 +38,7 @@ import msgspec
 from ..generation.rundir import layout
 from ..generation.taxonomy import load_taxonomy
 from ..generation.rundir import schema
-from .safety import Confined, Refused, handle, inside
+from .safety import OUTSIDE, Confined, Refused, handle, inside
 
 RECORDS_JSONL = "records.jsonl"
 
@@ -217,17 +216,11 @@ def recorded_max_rounds(run_dir: Path, refused=None) -> int | None:
     """The round limit a run of ours recorded in medbanana-run.json, None without one. Read only from inside
     the run (else refused); a file that does not hold a number of rounds is a ValueError naming it."""
     config = Path(run_dir) / layout.RUN_CONFIG
-    if not (config.is_file() or config.is_symlink()):
-        return None
     try:
-        path = inside(run_dir, layout.RUN_CONFIG, f"the run directory {run_dir}")
-    except Refused as exc:
-        handle(exc, refused)
+        value = (schema.read_run_config(run_dir) or {}).get("max_rounds")
+    except layout.UnsafePath as exc:
+        handle(Refused(str(exc), OUTSIDE), refused)
         return None
-    try:
-        value = json.loads(path.read_bytes()).get("max_rounds")
-    except (ValueError, AttributeError, OSError) as exc:  # not JSON, not an object, unreadable
-        raise ValueError(f"{config}: not a run configuration ({exc})") from None
     if value is not None and (value.__class__ is not int or not 0 < value < 1000):
         raise ValueError(f"{config}: field 'max_rounds' is {value!r:.40}, not a number of rounds")
     return value
@@ -237,9 +230,8 @@ def recorded_signing(run_dir: Path) -> str | None:
     """The SHA-256 fingerprint of the certificate a run of ours signed its images with (medbanana-run.json's
     `c2pa`), None when it did not sign or records nothing readable (the card then says nothing of signing)."""
     try:
-        path = inside(run_dir, layout.RUN_CONFIG, f"the run directory {run_dir}")
-        value = (json.loads(path.read_bytes()).get("c2pa") or {}).get("certificate_sha256")
-    except (Refused, ValueError, AttributeError, OSError):
+        value = ((schema.read_run_config(run_dir) or {}).get("c2pa") or {}).get("certificate_sha256")
+    except (ValueError, AttributeError, OSError):  # linked out, not a run configuration, unreadable
         return None
     return value if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value) \
         else None

@@ -44,7 +44,7 @@ from ..builder.runs import discover_units, read_tasks
 from ..builder.safety import Refused, inside
 from ..builder.sources import SourceIndex
 from ..generation.records import VERDICT_FIELDS, decode_rgb, verdict_values
-from ..generation.rundir import layout
+from ..generation.rundir import schema
 from ..generation.rundir.layout import IMAGE_SUFFIXES
 from ..generation.taxonomy import DIRECTIONS, load_taxonomy
 
@@ -262,9 +262,8 @@ def recorded_sources(run_path: Path) -> str | None:
     and a medbanana-run.json inside it; None when there is none. A hint from the machine that made the run."""
     run_path = Path(run_path)
     try:
-        config = inside(run_path, layout.RUN_CONFIG, f"the run directory {run_path}") if run_path.is_dir() else None
-        recorded = json.loads(config.read_bytes()).get("sources_root") if config and config.is_file() else None
-    except (Refused, ValueError, AttributeError, OSError):  # linked out, not JSON, not an object: no hint
+        recorded = (schema.read_run_config(run_path) or {}).get("sources_root") if run_path.is_dir() else None
+    except (ValueError, OSError):  # linked out, not a run configuration, unreadable: no hint
         return None
     return recorded if isinstance(recorded, str) and recorded else None
 

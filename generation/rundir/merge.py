@@ -193,15 +193,8 @@ def merge_runs(inputs: list[Path], out: Path) -> dict:
 
 
 def _run_config(run_dir: Path) -> dict:
-    path = layout.inside(run_dir, layout.RUN_CONFIG, named_by=f"the shard {run_dir}")
-    if not _regular_file(path, f"shard {run_dir}: {layout.RUN_CONFIG}"):
+    if (config := schema.read_run_config(run_dir)) is None:
         raise FileNotFoundError(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
-    try:
-        config = json.loads(path.read_bytes())
-    except ValueError as exc:
-        raise ValueError(f"shard {run_dir}: {layout.RUN_CONFIG} is not JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"shard {run_dir}: {layout.RUN_CONFIG} is not a JSON object")
     return config
 
 

@@ -12,11 +12,15 @@ collector's sight halves the read time.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated
 
 import msgspec
 
+from ..files import MISSING, not_regular
 from ..records import VERDICT_COLUMNS, Attempt, Instruction, Usage, Verdict, as_bool, verdict_values
+from . import layout
 
 Scalar = bool | int | float | str | None
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # rounds: int32 columns
@@ -181,3 +185,22 @@ def _verdict(raw: Verification | None, usage: dict) -> Verdict | None:
 
 def _decoded(raw: msgspec.Raw):
     return msgspec.json.decode(raw) if raw else None
+
+
+def read_run_config(run_dir: Path) -> dict | None:
+    """RUN_DIR/medbanana-run.json as a dict, or None when the run has none: read only from inside the run
+    (`layout.inside`: a link out is UnsafePath) and checked by stat before it is opened; a ValueError naming the
+    file when it is no regular file, not JSON or not a JSON object. Every reader of a run's configuration but the
+    store's own (which writes it) goes through here."""
+    path = layout.inside(Path(run_dir), layout.RUN_CONFIG, named_by=f"the run directory {run_dir}")
+    if (problem := not_regular(path)) is not None:
+        if problem == MISSING:
+            return None
+        raise ValueError(f"{path}: {problem}")
+    try:
+        config = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a run configuration, not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a run configuration, not a JSON object")
+    return config

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 from .. import backends
 from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
 from ..prompts import PROMPT_NAMES, prompt_versions
-from ..rundir import layout
+from ..rundir import layout, schema
 from ..records import Task
 from ..rundir.provenance import DEFAULT_SOURCE_TYPE
 from .local import RunOptions, RunSummary, describe_backends, run
@@ -177,7 +176,6 @@ def _shown(value) -> str:
 
 
 def run_config(run_dir: Path) -> dict:
-    path = Path(run_dir) / layout.RUN_CONFIG
-    if not path.exists():
+    if (config := schema.read_run_config(run_dir)) is None:
         raise FileNotFoundError(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
-    return json.loads(path.read_text())
+    return config
