@@ -53,11 +53,12 @@ def split_of(source_id: str, test_fraction: float) -> str:
 
 def canonical_prompt(task: TaskRecord) -> str:
     """The task in one sentence, e.g. "Add Pleural Effusion to this chest X-ray."."""
-    return _prompt(task.disease, task.modality, task.direction)
+    return canonical_instruction(task.disease, task.modality, task.direction)
 
 
 @lru_cache(maxsize=1024)
-def _prompt(disease: str, modality: str | None, direction: str) -> str:
+def canonical_instruction(disease: str, modality: str | None, direction: str) -> str:
+    """`canonical_prompt` from the task's fields (a row's, for readers of a built dataset)."""
     taxonomy = load_taxonomy()
     label = taxonomy.find(disease, modality)
     name = label.name if label else disease.replace("_", " ")

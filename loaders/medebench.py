@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..builder.output import BuildError, check_placement, exchange, output_lock, remove_stale_staging
-from ..builder.rows import _prompt as task_sentence  # the canonical one-sentence task, as dpo_pairs' `prompt`
+from ..builder.rows import canonical_instruction  # the one-sentence task, as dpo_pairs' `prompt`
 from ..generation.files import atomic_write_text
 from ..generation.records import decode_rgb, open_image
 from ..generation.rundir.layout import inside
@@ -218,7 +218,7 @@ def _pixels(data: bytes, what: str):
 def _sample(sample_id: int, row: dict, split: str, roi: str) -> dict:
     name = f"{sample_id}.png"
     modality, disease, direction = row.get("modality"), row.get("disease") or "", row.get("task") or ""
-    canonical = task_sentence(disease, modality, direction)
+    canonical = canonical_instruction(disease, modality, direction)
     return {"id": sample_id, "Organ": ORGAN.get(modality, modality or ""), "Task": canonical,
             "prompt": row.get("instruction") or canonical, "rephrased_prompt": canonical,
             "detailed_prompt": row.get("instruction") or canonical,

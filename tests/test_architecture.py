@@ -12,7 +12,7 @@ PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation", "review
 # secrets (and extras); then records/taxonomy/prompts <- backends <- loop <- runners <- commands, with the run directory's
 # contract (rundir) and the sources below the runners; the builder reads run directories, evaluation reads both.
 BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "generation.files", "generation.secrets",
-        "generation.extras", "generation.failures"}
+        "generation.extras", "generation.failures", "generation.anatomy", "generation.raster"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,
@@ -27,8 +27,7 @@ ALLOWED = {
     "demo": BASE | {"generation.commands", "generation.runners", "generation.rundir", "generation.backends",
                     "builder"},
     "export": BASE | {"builder", "loaders"},  # `medbanana export`: reads built datasets (loaders/medebench.py)
-    # the builder's masks (builder/masks.py) locate a task's region with the simulator's anatomy model
-    "builder": BASE | {"generation.rundir", "generation.backends", "package"},
+    "builder": BASE | {"generation.rundir", "package"},
     "loaders": BASE | {"generation.rundir", "builder"},
     "medbanana_50k": {"builder"},
     "evaluation": BASE | {"generation.rundir", "generation.backends", "builder"},

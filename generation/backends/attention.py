@@ -152,8 +152,8 @@ def region_mask(source_rgb: np.ndarray, modality: str, disease: str) -> np.ndarr
     """The disease's anatomical region (taxonomy `region`) on this source, at the source's size."""
     from PIL import Image
 
-    from .simulator.anatomy import estimate_anatomy
-    from .simulator.imaging import ANAT, resize_rgb
+    from ..anatomy import ANAT, estimate_anatomy
+    from ..raster import resize_rgb
     from ..taxonomy import load_taxonomy
 
     label = load_taxonomy().target(disease, modality)

@@ -28,40 +28,21 @@ THEIR_FIELDS = ["id", "Organ", "Task", "prompt", "rephrased_prompt", "detailed_p
 HOSTILE = '../../../etc/passwd "quoted"\n<script>alert(1)</script> \u00e9\u4e2d'
 
 
-def png(image: Image.Image) -> dict:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return {"bytes": buf.getvalue(), "path": None}
-
-
-def stand_in_edit_mask(source: bytes, edited: bytes) -> Image.Image:
-    """Where source and edit differ (grey levels, > 12): standing in for builder/masks.py's `edit_mask` (branch
-    `roi`) until it is merged; same contract, PNG mode "L", 0/255, the edit's size."""
-    edit = Image.open(io.BytesIO(edited)).convert("L")
-    src = Image.open(io.BytesIO(source)).convert("L").resize(edit.size)
-    diff = np.abs(np.asarray(src, np.int16) - np.asarray(edit, np.int16)) > 12
-    return Image.fromarray(np.where(diff, 255, 0).astype(np.uint8), "L")
-
-
-def add_mask_columns(folder, edit_rows: set, region_rows: set, no_source: set, broken_mask: int, hostile: int):
-    """Rewrite FOLDER's sft shard with `edit_mask` / `region_mask` columns through the public datasets and
-    huggingface_hub APIs, standing in for `medbanana build` of branch `roi` (which declares both columns in
-    builder/features.py) until it is merged. Row i gets an edit_mask when i in `edit_rows`, else a region_mask (a
-    centred box) when i in `region_rows`, else neither; rows in `no_source` lose their source image; row
-    `broken_mask` gets an edit_mask that is no image; row `hostile` gets a hostile uid and instruction."""
-    from huggingface_hub import DatasetCard
-
+def corrupt_rows(folder, edit_rows: set, region_rows: set, no_source: set, broken_mask: int, hostile: int):
+    """Rewrite FOLDER's sft shard through the public datasets API, keeping the masks `medbanana build` computed
+    where the plan says and breaking the rest, as a hand-edited or damaged dataset would be: row i keeps its
+    edit_mask when i in `edit_rows`, its region_mask when i in `region_rows`; rows in `no_source` lose their
+    source image; row `broken_mask` gets an edit_mask that is no image; row `hostile` a hostile uid and
+    instruction."""
     (shard,) = (folder / "sft").glob("*.parquet")
-    ds = datasets.Dataset.from_parquet(str(shard)).cast_column("source_image", datasets.Image(decode=False))
-    ds = ds.cast_column("edited_image", datasets.Image(decode=False))
+    ds = datasets.Dataset.from_parquet(str(shard))
+    for column in ("source_image", "edited_image", "edit_mask", "region_mask"):
+        ds = ds.cast_column(column, datasets.Image(decode=False))
+    assert all(row["edit_mask"] and row["region_mask"] for row in ds)  # the build computed both for every row
 
-    def masks(row, i):
-        size = Image.open(io.BytesIO(row["edited_image"]["bytes"])).size
-        box = np.zeros(size[::-1], np.uint8)
-        box[size[1] // 4: 3 * size[1] // 4, size[0] // 4: 3 * size[0] // 4] = 255
-        edit_mask = stand_in_edit_mask(row["source_image"]["bytes"], row["edited_image"]["bytes"])
-        update = {"edit_mask": png(edit_mask) if i in edit_rows else None,
-                  "region_mask": png(Image.fromarray(box, "L")) if i in region_rows else None}
+    def corrupted(row, i):
+        update = {"edit_mask": row["edit_mask"] if i in edit_rows else None,
+                  "region_mask": row["region_mask"] if i in region_rows else None}
         if i in no_source:
             update["source_image"] = None
         if i == broken_mask:
@@ -70,25 +51,19 @@ def add_mask_columns(folder, edit_rows: set, region_rows: set, no_source: set, b
             update.update(uid=f"../{HOSTILE}", instruction=HOSTILE)
         return update
 
-    features = ds.features.copy()
-    features["edit_mask"] = features["region_mask"] = datasets.Image(decode=False)
-    ds.map(masks, with_indices=True, features=features).cast_column(
+    ds.map(corrupted, with_indices=True, features=ds.features).cast_column(
         "edit_mask", datasets.Image()).cast_column("region_mask", datasets.Image()).to_parquet(str(shard))
-    card = DatasetCard.load(folder / "README.md")  # the card's schema must list them, or load_dataset refuses
-    sft = next(c for c in card.data.dataset_info if c["config_name"] == "sft")
-    listed = {f["name"] for f in sft["features"]}  # once `roi` is merged, build lists them already
-    sft["features"] += [{"name": n, "dtype": "image"} for n in ("edit_mask", "region_mask") if n not in listed]
-    card.save(folder / "README.md")
 
 
 @pytest.fixture
-def masked_dataset(demo_dataset, tmp_path):
+def corrupted_dataset(demo_dataset, tmp_path):
     folder = tmp_path / "dataset"
     shutil.copytree(demo_dataset, folder)
-    rows = load_medbanana(folder, "sft").num_rows
+    rows = load_medbanana(demo_dataset, "sft").num_rows  # not the copy: its cache would outlive the rewrite
     assert rows >= 6
-    plan = {"edit_rows": set(range(rows)) - {1, 2, 3}, "region_rows": {1, 2, 4}, "no_source": {4}, "broken_mask": 5, "hostile": 0}
-    add_mask_columns(folder, **plan)
+    plan = {"edit_rows": set(range(rows)) - {1, 2, 3}, "region_rows": {1, 2, 4}, "no_source": {4}, "broken_mask": 5,
+            "hostile": 0}
+    corrupt_rows(folder, **plan)
     return folder, rows, plan
 
 
@@ -141,45 +116,35 @@ def rgb(path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
 
 
-def test_medebench_scripts_read_the_export_and_score_it(masked_dataset, tmp_path, capsys):
-    folder, rows, plan = masked_dataset
+def test_medebench_scripts_read_the_export_and_score_it(demo_dataset, tmp_path, capsys):
+    """The demo's dataset as `medbanana demo` builds it (sources attached, so every row has its computed masks)."""
+    rows = load_medbanana(demo_dataset, "sft").num_rows
     base_dir = tmp_path / "MedEBench"  # --out plays their repository root
-    assert main(["export", "medebench", str(folder), "--out", str(base_dir), "-q"]) == 0
+    assert main(["export", "medebench", str(demo_dataset), "--out", str(base_dir), "-q"]) == 0
     out, err = capsys.readouterr()
-    exported = rows - 3  # row 3: neither mask; row 4: masks but no source; row 5: an edit_mask that is no image
-    assert f"exported {exported} of {rows} sft rows" in out and f"edit_mask {rows - 5}, region_mask 2" in out
-    for reason in (NO_MASK, NO_SOURCE, "unreadable edit_mask"):
-        assert f"skipped 1 row(s): {reason}" in err
-    report = json.loads((base_dir / "editing" / "medbanana-export.json").read_text())
-    table = load_medbanana(folder, "sft", decode_images=False)
-    for column in ("edit_mask", "region_mask"):  # not in this branch's CONFIG_FEATURES, so not cast by the loader
-        table = table.cast_column(column, datasets.Image(decode=False))
-    by_uid = {row["uid"]: row for row in table}
-    uids = list(by_uid)
-    assert report["skipped"] == {NO_MASK: [uids[3]], NO_SOURCE: [uids[4]], "unreadable edit_mask": [uids[5]]}
+    assert f"exported {rows} of {rows} sft rows" in out and f"edit_mask {rows})" in out and "skipped" not in err
+    by_uid = {row["uid"]: row for row in load_medbanana(demo_dataset, "sft", decode_images=False)}
 
     metadata_path = str(base_dir / "editing" / "editing_metadata.json")
     samples = json.load(open(metadata_path))["samples"]
-    assert [s["id"] for s in samples] == list(range(1, exported + 1))
+    assert [s["id"] for s in samples] == list(range(1, rows + 1))
     for sample in samples:
         assert THEIR_FIELDS == list(sample)[:len(THEIR_FIELDS)]
         row = by_uid[sample["uid"]]
-        assert sample["prompt"] == sample["detailed_prompt"] == row["instruction"]
-        assert sample["roi"] == ("edit_mask" if row["edit_mask"] else "region_mask")
+        assert sample["prompt"] == sample["detailed_prompt"] == row["instruction"] and sample["roi"] == "edit_mask"
         # evaluate_gpt4o.py: os.path.join(base_dir, sample["previous_image"]); traditional: the id's file names
         for key, folder_name in (("previous_image", "previous"), ("changed_image", "changed"),
                                  ("previous_mask", "previous_mask")):
             assert os.path.join(base_dir, sample[key]) == os.path.join(os.path.dirname(metadata_path), folder_name,
                                                                       f"{sample['id']}.png")
-        # lossless, and each file holds its own row's image
+        # lossless, and each file holds its own row's image; the mask is the row's edit_mask, as the build made it
         prev = rgb(base_dir / sample["previous_image"])
         assert np.array_equal(prev, rgb(io.BytesIO(row["source_image"]["bytes"])))
         assert np.array_equal(rgb(base_dir / sample["changed_image"]), rgb(io.BytesIO(row["edited_image"]["bytes"])))
         mask = np.asarray(Image.open(base_dir / sample["previous_mask"]))
         assert mask.shape == prev.shape[:2] and set(np.unique(mask)) <= {0, 255}
-    hostile = next(s for s in samples if s["uid"] == f"../{HOSTILE}")
-    assert hostile["prompt"] == HOSTILE and hostile["id"] == 1  # text stays text, in the JSON only
-    assert json.loads(open(metadata_path, encoding="ascii").read())["samples"][0]["prompt"] == HOSTILE
+        built = Image.open(io.BytesIO(row["edit_mask"]["bytes"])).resize(prev.shape[1::-1], Image.NEAREST)
+        assert np.array_equal(mask, np.asarray(built))
     written = sorted(str(p.relative_to(base_dir)) for p in base_dir.rglob("*") if p.is_file())
     assert written == sorted(["editing/editing_metadata.json", "editing/medbanana-export.json"]
                              + [f"editing/{d}/{s['id']}.png" for s in samples for d in
@@ -193,7 +158,8 @@ def test_medebench_scripts_read_the_export_and_score_it(masked_dataset, tmp_path
             shutil.copy(base_dir / sample[key], base_dir / "generated_images" / model / f"{sample['id']}_0.png")
     truth = medebench_traditional_metrics(str(base_dir / "generated_images" / "ground-truth"), metadata_path)
     noop = medebench_traditional_metrics(str(base_dir / "generated_images" / "no-op"), metadata_path)
-    assert truth["missing"] == noop["missing"] == [] and len(truth["results"]) == exported
+    assert truth["missing"] == noop["missing"] == [] and len(truth["results"]) == rows
+    lower = 0
     for sample in samples:
         sid, prev = sample["id"], rgb(base_dir / sample["previous_image"])
         changed, mask = rgb(base_dir / sample["changed_image"]), np.asarray(Image.open(base_dir / sample["previous_mask"]))
@@ -201,30 +167,62 @@ def test_medebench_scripts_read_the_export_and_score_it(masked_dataset, tmp_path
         assert truth["results"][sid]["psnr"] == float("inf")
         # their masked SSIM is ours (`eval --cp-mode medebench`) on the same files
         assert truth["results"][sid]["masked_ssim"] == pytest.approx(cp_medebench(prev, changed, mask), abs=1e-6)
-        if sample["roi"] == "edit_mask":  # the mask sits on the edit: the same mask moved elsewhere scores lower
-            moved = np.roll(mask, (mask.shape[0] // 2, mask.shape[1] // 2), axis=(0, 1))
-            assert truth["results"][sid]["masked_ssim"] > cp_medebench(prev, changed, moved)
+        # the mask sits on the edit: the same mask moved elsewhere leaves part of the edit outside it
+        moved = np.roll(mask, (mask.shape[0] // 2, mask.shape[1] // 2), axis=(0, 1))
+        lower += truth["results"][sid]["masked_ssim"] > cp_medebench(prev, changed, moved)
+    assert lower >= 0.9 * rows, (lower, rows)
 
 
-def test_a_dataset_without_masks_is_refused_with_the_reason(demo_dataset, tmp_path, capsys):
-    rows = load_medbanana(demo_dataset, "sft").num_rows
-    code = main(["export", "medebench", str(demo_dataset), "--out", str(tmp_path / "out"), "-q"])
+def test_rows_without_a_usable_mask_or_source_are_skipped_with_the_reason(corrupted_dataset, tmp_path, capsys):
+    folder, rows, _ = corrupted_dataset
+    base_dir = tmp_path / "MedEBench"
+    assert main(["export", "medebench", str(folder), "--out", str(base_dir), "-q"]) == 0
+    out, err = capsys.readouterr()
+    exported = rows - 3  # row 3: neither mask; row 4: masks but no source; row 5: an edit_mask that is no image
+    assert f"exported {exported} of {rows} sft rows" in out and f"edit_mask {rows - 5}, region_mask 2" in out
+    for reason in (NO_MASK, NO_SOURCE, "unreadable edit_mask"):
+        assert f"skipped 1 row(s): {reason}" in err
+    report = json.loads((base_dir / "editing" / "medbanana-export.json").read_text())
+    import pyarrow.parquet as pq  # the rewritten shard itself (datasets' cache may still hold the copy's first form)
+
+    (shard,) = (folder / "sft").glob("*.parquet")
+    by_uid = {row["uid"]: row for row in pq.read_table(shard).to_pylist()}
+    uids = list(by_uid)
+    assert report["skipped"] == {NO_MASK: [uids[3]], NO_SOURCE: [uids[4]], "unreadable edit_mask": [uids[5]]}
+    metadata_path = base_dir / "editing" / "editing_metadata.json"
+    samples = json.loads(metadata_path.read_text())["samples"]
+    for sample in samples:  # a row without its edit_mask falls back to its region_mask
+        assert sample["roi"] == ("edit_mask" if by_uid[sample["uid"]]["edit_mask"] else "region_mask")
+    hostile = next(s for s in samples if s["uid"] == f"../{HOSTILE}")
+    assert hostile["prompt"] == HOSTILE and hostile["id"] == 1  # text stays text, in the JSON only
+    assert json.loads(open(metadata_path, encoding="ascii").read())["samples"][0]["prompt"] == HOSTILE
+    assert sorted(p.name for p in (base_dir / "editing" / "previous_mask").iterdir()) == [
+        f"{s['id']}.png" for s in sorted(samples, key=lambda s: str(s["id"]))]
+
+
+def test_a_dataset_without_masks_is_refused_with_the_reason(demo_run_root, tmp_path, capsys):
+    plain = tmp_path / "plain"  # built without --source-images: the masks are null
+    assert main(["build", str(demo_run_root / "demo-run" / "run"), "--out", str(plain), "-q"]) == 0
+    rows = load_medbanana(plain, "sft").num_rows
+    capsys.readouterr()
+    code = main(["export", "medebench", str(plain), "--out", str(tmp_path / "out"), "-q",
+                 "--source-images", str(demo_run_root / "demo-run" / "sources")])  # sources, yet no masks
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert f"nothing to export: all {rows} sft rows" in err and f"{rows} {NO_MASK}" in err
     assert not (tmp_path / "out").exists()
 
 
-def test_source_images_fill_a_dataset_built_without_them(masked_dataset, demo_run_root, tmp_path, capsys):
-    folder, rows, _ = masked_dataset
+def test_source_images_fill_a_dataset_built_without_them(corrupted_dataset, demo_run_root, tmp_path, capsys):
+    folder, rows, _ = corrupted_dataset
     sources = demo_run_root / "demo-run" / "sources"
     assert main(["export", "medebench", str(folder), "--out", str(tmp_path / "out"), "-q",
                  "--source-images", str(sources)]) == 0
     assert f"exported {rows - 2} of {rows} sft rows" in capsys.readouterr().out  # row 4 is back; rows 3 and 5 not
 
 
-def test_out_is_new_or_empty_unless_forced_and_force_replaces_only_editing(masked_dataset, tmp_path, capsys):
-    folder, _, _ = masked_dataset
+def test_out_is_new_or_empty_unless_forced_and_force_replaces_only_editing(corrupted_dataset, tmp_path, capsys):
+    folder, _, _ = corrupted_dataset
     checkout = tmp_path / "MedEBench"
     (checkout / "src" / "eval_metrics").mkdir(parents=True)
     (checkout / "src" / "eval_metrics" / "keep.py").write_text("kept")
@@ -244,8 +242,8 @@ def test_out_is_new_or_empty_unless_forced_and_force_replaces_only_editing(maske
     (lambda folder, tmp: folder / "export", "is inside the input"),
     (lambda folder, tmp: tmp / "file.txt", "is not a folder"),
 ])
-def test_refused_outs_write_nothing(masked_dataset, tmp_path, capsys, where, message):
-    folder, _, _ = masked_dataset
+def test_refused_outs_write_nothing(corrupted_dataset, tmp_path, capsys, where, message):
+    folder, _, _ = corrupted_dataset
     (tmp_path / "file.txt").write_text("x")
     out = where(folder, tmp_path)
     before = sorted(str(p) for p in folder.rglob("*"))
@@ -255,8 +253,8 @@ def test_refused_outs_write_nothing(masked_dataset, tmp_path, capsys, where, mes
     assert sorted(str(p) for p in folder.rglob("*")) == before
 
 
-def test_an_editing_link_in_out_is_refused(masked_dataset, tmp_path, capsys):
-    folder, _, _ = masked_dataset
+def test_an_editing_link_in_out_is_refused(corrupted_dataset, tmp_path, capsys):
+    folder, _, _ = corrupted_dataset
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "out").mkdir()

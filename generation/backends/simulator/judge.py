@@ -58,8 +58,9 @@ from ..base import Judge
 from ...records import EditedImage, EditScores, SourceImage, Task, Verdict, rubric_score
 from ...taxonomy import load_taxonomy
 from . import scores
-from .anatomy import REGION_MARGIN
-from .imaging import WORK, blur, highpass, luminance, resize_mask, resize_rgb, robust_std
+from ...anatomy import REGION_MARGIN
+from ...raster import blur, resize_mask, resize_rgb
+from .imaging import WORK, highpass, luminance, robust_std
 from .lesions import evidence_map, find_lesion, healthy_rgb, make_canvas, repair_area, spec_for
 
 

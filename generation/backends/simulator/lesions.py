@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import ndimage
 
-from .anatomy import Anatomy, estimate_anatomy
-from .imaging import (ANAT, WORK, SourceCache, blur, ellipse_radius, grain_level, highpass, luminance, resize_field,
-                      resize_rgb, robust_std, smooth_noise, soft_edge)
+from ...anatomy import ANAT, Anatomy, estimate_anatomy
+from ...raster import SourceCache, blur, ellipse_radius, resize_field, resize_rgb
+from .imaging import WORK, grain_level, highpass, luminance, robust_std, smooth_noise, soft_edge
 from .params import EditParams
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-from .imaging import blur, ellipse_radius, grid, polylines, resize_mask, smooth_noise, soft_edge
+from ...raster import blur, ellipse_radius, grid, resize_mask
+from .imaging import polylines, smooth_noise, soft_edge
 from .lesions import Canvas, EditOps, irregular_blob, place
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-from .imaging import blur, disc, ellipse_radius, grid, smooth_noise, soft_edge
+from ...raster import blur, disc, ellipse_radius, grid
+from .imaging import smooth_noise, soft_edge
 from .lesions import Canvas, EditOps, dots, irregular_blob, normalised_blur, place, scatter
 
 

@@ -19,7 +19,8 @@ from PIL import Image, ImageDraw
 
 from ...records import encode_jpeg
 from ...taxonomy import load_taxonomy
-from .imaging import WORK, blur, ellipse_radius, grid, polylines, resize_field, smooth_noise
+from ...raster import blur, ellipse_radius, grid, resize_field
+from .imaging import WORK, polylines, smooth_noise
 
 DATASETS = {"chest_xray": "MIMIC_demo_phantom", "brain_mri": "BrainTumor_demo_phantom", "fundus": "ODIR_demo"}
 NORMAL_FOLDER = {"chest_xray": "normal", "brain_mri": "no_tumor", "fundus": "normal"}

@@ -13,7 +13,8 @@ from medbanana.generation import backends
 from medbanana.generation.records import (Attempt, EditedImage, SourceImage, Task, decode_rgb, encode_jpeg,
                                           rubric_score)
 from medbanana.generation.backends.simulator.editor import SimulatedEditor
-from medbanana.generation.backends.simulator.imaging import WORK, luminance, resize_rgb
+from medbanana.generation.backends.simulator.imaging import WORK, luminance
+from medbanana.generation.raster import resize_rgb
 from medbanana.generation.backends.simulator.judge import PixelJudge
 from medbanana.generation.backends.simulator.lesions import make_canvas, spec_for, synthesise_disease_source
 from medbanana.generation.backends.simulator.params import SCALES, EditParams, parse

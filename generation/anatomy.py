@@ -13,11 +13,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import ndimage
 
-from .imaging import SourceCache, blur, disc, ellipse_radius, grid, largest_component, otsu, resize_mask
+from .raster import (SourceCache, blur, disc, ellipse_radius, fill_holes, grid, largest_component, otsu, padded_box,
+                     resize_mask)
 
-# Working pixels (at 512²) a task's region is grown by: the soft margins of a finding placed at the region's edge
-# stay inside. The judge's spill margin and the dataset's region_mask (builder/masks.py) both use it.
+ANAT = 256  # the side of the square grid landmarks are estimated on
+
+# Pixels at 512² (the simulator's working grid) a task's region is grown by: the soft margins of a finding placed
+# at the region's edge stay inside. The judge's spill margin and `grown_region` (the dataset's region_mask, the
+# attention IoU's region) use it.
 REGION_MARGIN = 12
+MARGIN_GRID = 512
 
 
 @dataclass
@@ -62,8 +67,12 @@ def _find_lungs(g: np.ndarray, mid: float) -> dict | None:
             if best is None:
                 break
             _, idx, sl = best
-            mask = ndimage.binary_fill_holes(ndimage.binary_closing(labels == idx, iterations=3))
-            mask = ndimage.binary_dilation(mask, iterations=2)
+            # closed, filled and grown within its box and a margin of zeros wider than the closing and growth
+            # reach: the same as on the whole grid, for a fraction of the pixels
+            box = padded_box(sl, 6, labels.shape)
+            mask = np.zeros(labels.shape, bool)
+            mask[box] = ndimage.binary_dilation(fill_holes(ndimage.binary_closing(labels[box] == idx, iterations=3)),
+                                                iterations=2)
             ys, xs = np.nonzero(mask)
             lungs[side] = (mask, (xs.min() / n, (xs.max() + 1) / n, ys.min() / n, (ys.max() + 1) / n))
         if len(lungs) == 2:
@@ -152,7 +161,7 @@ _TYPICAL_HEAD = (0.5, 0.5, 0.36, 0.44)  # centre and semi-axes, fractions of the
 def _brain_points(g: np.ndarray) -> tuple[dict, dict, bool]:
     n = g.shape[0]
     head = blur(g, 2) > max(0.5 * otsu(g), 8)
-    head = largest_component(ndimage.binary_fill_holes(head))
+    head = largest_component(fill_holes(head))
     area = head.sum() / n**2
     ok = 0.08 < area < 0.95
     if ok:
@@ -182,7 +191,7 @@ def _brain_regions(anat: Anatomy, size: int) -> dict[str, np.ndarray]:
 def _fundus_points(rgb: np.ndarray) -> tuple[dict, dict, bool]:
     n = rgb.shape[0]
     g = rgb.mean(axis=2)
-    fundus = largest_component(ndimage.binary_fill_holes(blur(g, 1.5) > max(12.0, 0.35 * otsu(g))))
+    fundus = largest_component(fill_holes(blur(g, 1.5) > max(12.0, 0.35 * otsu(g))))
     area = fundus.sum() / n**2
     ok = area > 0.2
     if ok:
@@ -276,3 +285,11 @@ def estimate_anatomy(small_rgb: np.ndarray, modality: str, key: str = "") -> Ana
     """Landmarks of an ANAT² float RGB image. With a `key` (the source's sha256) the result is cached, because
     the editor and the judge of every round of a task ask about the same original image."""
     return _ANATOMIES.get(key, modality, lambda: _estimate(np.asarray(small_rgb, dtype=np.float32), modality))
+
+
+def grown_region(anatomy: Anatomy, region: str, size: int) -> np.ndarray:
+    """A task's region: the taxonomy `region` at size², grown by REGION_MARGIN (scaled to the grid). KeyError for a
+    region this modality has no mask for."""
+    mask = anatomy.regions(size)[region]
+    margin = max(1, round(REGION_MARGIN * size / MARGIN_GRID))
+    return ndimage.binary_dilation(mask, iterations=margin)
