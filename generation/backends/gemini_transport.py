@@ -1,7 +1,8 @@
-"""Calls to the Gemini API: the google-genai client, its errors' classification and its request cache.
+"""Calls to the Gemini API (or Vertex AI): the google-genai client, its errors' classification and its request cache.
 
 One `GeminiTransport.generate()` call is one logical request: it is answered from the cache when an identical
-request already completed, otherwise sent through the google-genai async client with what http.Transport adds
+request already completed, otherwise sent through the google-genai async client's public `generate_content` (made
+by gemini_client.py) with what http.Transport adds
 (a per-model rate limit owned by the transport, a per-call timeout, and bounded retries with back-off and jitter,
 Retry-After honoured, on 408/429/5xx, timeouts and transport errors). What cannot be retried raises
 `backends.APIError` with a kind. The API key never appears in a message or in anything written: answers are
