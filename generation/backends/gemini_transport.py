@@ -1,7 +1,8 @@
-"""Calls to the Gemini API: the google-genai client, its errors' classification and its request cache.
+"""Calls to the Gemini API (or Vertex AI): the google-genai client, its errors' classification and its request cache.
 
 One `GeminiTransport.generate()` call is one logical request: it is answered from the cache when an identical
-request already completed, otherwise sent through the google-genai async client with what http.Transport adds
+request already completed, otherwise sent through the google-genai async client's public `generate_content` (made
+by gemini_client.py) with what http.Transport adds
 (a per-model rate limit owned by the transport, a per-call timeout, and bounded retries with back-off and jitter,
 Retry-After honoured, on 408/429/5xx, timeouts and transport errors). What cannot be retried raises
 `backends.APIError` with a kind. The API key never appears in a message or in anything written: answers are
@@ -15,31 +16,22 @@ the inline limit, as an uploaded JSONL file; `get_batch` polls; `batch_results` 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from google import genai
+from google.auth import exceptions as auth_errors
 from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import ValidationError
 
-from .gemini_wire import DirectPost, InlineData, encode, part_for_key, rest_contents
+from .gemini_client import VertexTarget, client_options, resolve_api_key
+from .gemini_wire import InlineData, encode, part_for_key, rest_contents
 from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
     parse_retry_after
 from ..secrets import hold, holds_secret, scrub, scrub_model, url_credentials
-
-API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
-
-
-def resolve_api_key(api_key: str | None = None) -> str:
-    key = api_key or next((os.environ[v] for v in API_KEY_VARIABLES if os.environ.get(v)), "")
-    if not key.strip():
-        raise ValueError(f"no Gemini API key: set {' or '.join(API_KEY_VARIABLES)}, or pass api_key")
-    return key.strip()
-
 
 def parse_response(body: str | dict) -> types.GenerateContentResponse:
     """A generateContent answer (its JSON text, or as `json.loads` made it) as the SDK's type.
@@ -126,6 +118,10 @@ def classify(exc: BaseException) -> CallFailure:
         if retry_after is None:
             retry_after = _retry_info_delay(exc.details)
         return failure_for_status(code, message, retry_after)
+    if isinstance(exc, auth_errors.TransportError):  # fetching a Vertex AI access token met network trouble
+        return CallFailure("transport", f"{type(exc).__name__}: {exc}", True)
+    if isinstance(exc, auth_errors.GoogleAuthError):  # no credentials, or refused ones: asking again will not help
+        return CallFailure("unauthenticated", f"{type(exc).__name__}: {exc}", False)
     return classify_common(exc)
 
 
@@ -147,13 +143,13 @@ class Request:
     config: types.GenerateContentConfig
 
 
-def rest_request(request: Request, inline: InlineData | None = None, raw: bool = False) -> dict:
-    """The REST JSON body of a generateContent request (a batch JSONL line's "request"); inline bytes as base64
-    made once per bytes object by `inline` (gemini_wire), as msgspec.Raw with `raw` (for `encode` only)."""
+def rest_request(request: Request, inline: InlineData | None = None) -> dict:
+    """The REST JSON body of a generateContent request (a batch JSONL line's "request"), as the SDK sends it;
+    inline bytes as base64 made once per bytes object by `inline` (gemini_wire)."""
     config = request.config.model_dump(mode="json", by_alias=True, exclude_none=True)
     if unsupported := sorted(set(config) - GENERATION_CONFIG_FIELDS):
         raise ValueError(f"batch requests carry generationConfig fields only, not {', '.join(unsupported)}")
-    body = {"contents": rest_contents(request.contents, inline or InlineData(), raw)}
+    body = {"contents": rest_contents(request.contents, inline or InlineData())}
     if config:
         body["generationConfig"] = config
     return body
@@ -219,24 +215,21 @@ class ResultsFile:
 
 class GeminiTransport(Transport):
     """The google-genai async client plus everything around a call (http.Transport: timeout, retries, limits per
-    model, the request cache). One instance may serve several backends; options as http.Transport's, plus api_key
-    and base_url."""
+    model, the request cache). One instance may serve several backends; options as http.Transport's, plus api_key,
+    base_url and `vertex` (a VertexTarget: Vertex AI instead of the Gemini API, through the same client)."""
 
     cache_type = RequestCache
 
-    def __init__(self, *, api_key: str | None = None, base_url: str | None = None, **options):
-        self._secret = resolve_api_key(api_key)
-        hold(self._secret, *url_credentials(base_url))  # options are not in the environment: scrub must know them
-        super().__init__(secrets=(self._secret,), **options)
-        # The client's own timeout is a backstop; the per-call timeout bounds the whole call.
-        http_options = types.HttpOptions(timeout=int((self.timeout + 5) * 1000))
-        if base_url:
-            http_options.base_url = base_url
-        self._client = genai.Client(api_key=self._secret, http_options=http_options)
-        self.inline = InlineData()  # base64 and sha256 of the images in flight, made once each
-        # POST of a JSON body we encoded, through the SDK's HTTP client; None where this SDK lacks what it needs,
-        # and then every call takes the SDK's public method (see `_answer`)
-        self.direct = DirectPost.for_client(self._client)
+    def __init__(self, *, api_key: str | None = None, base_url: str | None = None,
+                 vertex: VertexTarget | None = None, **options):
+        vertex = vertex if vertex is not None else VertexTarget.from_environment()
+        self._secret = resolve_api_key(api_key, required=vertex is None)  # Vertex AI: client_options decides
+        token = getattr(vertex.credentials, "token", None) if vertex is not None else None
+        hold(self._secret, token, *url_credentials(base_url))  # not in the environment: scrub must know them
+        super().__init__(secrets=tuple(filter(None, (self._secret,))), **options)
+        self._client = genai.Client(**client_options(self._secret, base_url, vertex, self.timeout))
+        self.inline = InlineData()  # sha256 of the images in flight (the cache key), made once each
+        self.vertex = vertex
 
     async def call(self, what: str, make_call, *, timeout: float | None = None, limiter: RateLimiter | None = None):
         """`await make_call()` with retries (http.Transport.call_with_retries), google-genai's errors classified."""
@@ -260,26 +253,12 @@ class GeminiTransport(Transport):
 
     async def _answer(self, model: str, contents: list[types.Content],
                       config: types.GenerateContentConfig) -> tuple[types.GenerateContentResponse, str]:
-        """One generateContent call: the parsed answer and its body, both scrubbed (a body that does not parse is
-        retried).
-
-        With `self.direct` the REST body is ours (`rest_request`, as for batch files, encoded by msgspec, each
-        image's base64 made once) and is sent with the SDK's URL, headers and error types (gemini_wire.DirectPost,
-        over lean_http.py where it can): the SDK's conversion of the request costs about 2 ms of CPU per 1024^2
-        image, and its HTTP stack about 2 ms more. A test checks that both ways put the same JSON on the wire."""
-        body = None
-        if self.direct is not None:
-            try:
-                rest = rest_request(Request(model, contents, config), self.inline, raw=True)
-            except ValueError:  # config fields outside generationConfig: the SDK knows where they go
-                rest = None
-            if rest is not None:
-                name = model if "/" in model else f"models/{model}"
-                body = await self.direct(f"{name}:generateContent", encode(rest))
-        if body is None:
-            config = config.model_copy(update={"should_return_http_response": True})  # its body, unconverted
-            answer = await self._client.aio.models.generate_content(model=model, contents=contents, config=config)
-            body = (answer.sdk_http_response.body if answer.sdk_http_response else None) or ""
+        """One generateContent call through the SDK's public method: the parsed answer and its body, both scrubbed
+        (a body that does not parse is retried). `should_return_http_response` (a public config field) hands back
+        the HTTP body unconverted, which is parsed once here and cached as it came."""
+        config = config.model_copy(update={"should_return_http_response": True})
+        answer = await self._client.aio.models.generate_content(model=model, contents=contents, config=config)
+        body = (answer.sdk_http_response.body if answer.sdk_http_response else None) or ""
         body = scrub(body) if holds_secret(body) else body  # first: a parse error quotes the body, cut short
         return scrub_response(parse_response(body), body)
 
@@ -291,8 +270,6 @@ class GeminiTransport(Transport):
     async def aclose(self) -> None:
         """Close the client's connection pools (call once at the end of a run, inside its event loop)."""
         await self._client.aio.aclose()
-        if self.direct is not None:
-            self.direct.close()
         if self.cache:
             self.cache.close()
 
@@ -310,9 +287,9 @@ class GeminiTransport(Transport):
         else:
             path = Path(work_dir) / f"{display_name}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "w", encoding="utf-8") as fh:
+            with open(path, "wb") as fh:
                 for key, request in items:
-                    fh.write(json.dumps({"key": key, "request": rest_request(request)}) + "\n")
+                    fh.write(encode({"key": key, "request": rest_request(request, self.inline)}) + b"\n")
             upload = types.UploadFileConfig(mime_type="jsonl", display_name=display_name)
             uploaded = await self.call(f"upload of {path.name}", lambda: self._client.aio.files.upload(
                 file=path, config=upload), timeout=max(self.timeout, TRANSFER_TIMEOUT))

@@ -178,7 +178,10 @@ def classify_common(exc: BaseException) -> CallFailure:
     do not parse are retried; anything else is a programming error and re-raised."""
     if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:  # ours, or the HTTP stack's
         return CallFailure("timeout", "no answer within the per-call timeout", True)
-    if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in _TRANSPORT_MODULES:
+    from_stack = type(exc).__module__.split(".")[0] in _TRANSPORT_MODULES
+    if from_stack and isinstance(exc, ValueError) and not isinstance(exc, OSError):  # aiohttp's InvalidURL: a bad
+        return CallFailure("client_error", f"{type(exc).__name__}: {exc}", False)  # base URL, no retry will help
+    if isinstance(exc, OSError) or from_stack:
         return CallFailure("transport", f"{type(exc).__name__}: {exc}", True)
     # a 200 whose body is torn, garbled or not a response at all
     if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)):

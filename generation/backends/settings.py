@@ -78,7 +78,9 @@ class _APISettings:
 @dataclass(frozen=True)
 class GeminiSettings(_APISettings):
     """The `gemini` writer, editor and judge: key from GEMINI_API_KEY or GOOGLE_API_KEY; a role without a model of
-    its own gets its backend's default."""
+    its own gets its backend's default. `vertex`: Vertex AI through the same client, in `vertex_project` and
+    `vertex_location` (else the SDK's GOOGLE_CLOUD_PROJECT / GOOGLE_CLOUD_LOCATION; GOOGLE_GENAI_USE_VERTEXAI=true
+    does what `vertex` does)."""
 
     backend = "gemini"
     can_play = ("writer", "editor", "judge")
@@ -86,14 +88,19 @@ class GeminiSettings(_APISettings):
     editor_model: str | None = None
     judge_model: str | None = None
     tpm: float | None = None
+    vertex: bool = False
+    vertex_project: str | None = None
+    vertex_location: str | None = None
 
     def share(self, n: int) -> GeminiSettings:
         return replace(super().share(n), tpm=_part(self.tpm, n))
 
     def transport(self, cache_dir: Path):
+        from .gemini_client import VertexTarget
         from .gemini_transport import GeminiTransport
 
-        return GeminiTransport(tpm=self.tpm, **self.transport_options(cache_dir))
+        vertex = VertexTarget(self.vertex_project, self.vertex_location) if self.vertex else None
+        return GeminiTransport(tpm=self.tpm, vertex=vertex, **self.transport_options(cache_dir))
 
     def role_options(self, role: str, transport) -> dict:
         model = {"writer": self.writer_model, "editor": self.editor_model, "judge": self.judge_model}[role]

@@ -108,6 +108,7 @@ def cmd_generate(args) -> int:
 
     from PIL import Image
 
+    from ..backends.gemini_client import VertexTarget
     from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
     from ..runners.generate import BackendSpec, default_backend, generate, run_config
     from ..runners.local import RunOptions
@@ -142,13 +143,20 @@ def cmd_generate(args) -> int:
         print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
         return 2
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
-    backend = args.backend or default_backend()
+    # a project alone means Vertex AI; so does the SDK's own GOOGLE_GENAI_USE_VERTEXAI
+    vertex = bool(args.vertex or args.vertex_project or args.vertex_location or VertexTarget.from_environment())
+    backend = args.backend or ("gemini" if vertex else default_backend())
+    if vertex and args.batch:  # Vertex AI batch prediction reads Cloud Storage or BigQuery, not inline requests
+        print("medbanana generate: --batch uses the Gemini API's Batch and Files API, which Vertex AI does not "
+              "offer: drop --batch or --vertex", file=sys.stderr)
+        return 2
     roles = {role: getattr(args, role) or backend for role in ROLES}
     shared = dict(rpm=args.rpm, timeout=args.timeout, max_attempts=args.max_attempts,
                   retry_base_delay=args.retry_base_delay, image_aware_writer=args.image_aware_writer)
     spec = BackendSpec(backend, roles, gemini=GeminiSettings(
         writer_model=args.writer_model, editor_model=args.editor_model, judge_model=args.judge_model, tpm=args.tpm,
-        **shared), openai=OpenAISettings(
+        vertex=vertex, vertex_project=args.vertex_project,
+        vertex_location=args.vertex_location, **shared), openai=OpenAISettings(
         base_url=args.openai_base_url, model=args.openai_model, writer_model=args.writer_model,
         judge_model=args.judge_model, structured_output=args.structured_output, **shared), diffusers=DiffusersSettings(
         model=args.editor_model, steps=args.diffusers_steps, guidance_scale=args.guidance_scale,
@@ -271,6 +279,12 @@ def register(sub) -> None:
                    help="first back-off, doubled per retry up to 60 s; a longer Retry-After wins (default 2)")
     g.add_argument("--no-image-aware-writer", dest="image_aware_writer", action="store_false",
                    help="round 1's instruction from text only (default: the writer also sees the source image)")
+    g.add_argument("--vertex", action="store_true",
+                   help="call Gemini on Vertex AI (same models, your Google Cloud project; Application Default "
+                        "Credentials, or an API key in express mode); GOOGLE_GENAI_USE_VERTEXAI=true does the same")
+    g.add_argument("--vertex-project", metavar="PROJECT", help="Vertex AI project (default GOOGLE_CLOUD_PROJECT)")
+    g.add_argument("--vertex-location", metavar="LOCATION",
+                   help="Vertex AI location, e.g. us-central1 (default GOOGLE_CLOUD_LOCATION, else global)")
     g.add_argument("--batch", action="store_true",
                    help="use the Batch API (half price, slow): each round's writer, editor and judge calls of all "
                         "pending tasks go out as one job each; rerunning resumes polling submitted jobs")

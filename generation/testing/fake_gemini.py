@@ -1,7 +1,9 @@
 """A fake Gemini API on 127.0.0.1 for tests and benchmarks, spoken to by the REAL google-genai client.
 
-It answers `POST /{v1,v1beta}/models/{model}:generateContent`, and the Batch and Files API endpoints that
-`--batch` uses (fake_batches.py). The role of a request is read from its generation config (image output ->
+It answers `POST /{v1,v1beta}/models/{model}:generateContent`, Vertex AI's
+`POST /{v1,v1beta1}/projects/{project}/locations/{location}/publishers/google/models/{model}:generateContent` (and
+`/{v1,v1beta1}/publishers/google/models/{model}:generateContent`, express mode), and the Batch and Files API
+endpoints that `--batch` uses (fake_batches.py). The role of a request is read from its generation config (image output ->
 editor, JSON output -> judge, otherwise writer; a JSON request carrying the 0-10 scoring prompt,
 prompts/eval_score.txt, is the judge model as `scorer`, hit by the judge's faults); the task is read from the
 "Finding:" and "Direction:" lines of medbanana's prompts, the instruction from <instruction>, earlier rounds from
@@ -14,7 +16,8 @@ Faults are injected by flags and hit the first N matching calls or an evenly spr
         --fault 429:first=2,retry_after=1 --fault text_only:rate=0.1
 
 In tests: `with FakeGemini(faults=["503:first=1"]) as fake: ... base_url=fake.base_url ...`;
-`fake.calls` lists every request seen (role, model, fault). The request and response JSON is gemini_format.py;
+`fake.calls` lists every request seen (role, model, path, fault, credential); `POST /token` hands out OAuth access
+tokens (for Application Default Credentials pointed at it). The request and response JSON is gemini_format.py;
 reading medbanana's prompts back (shared with fake_openai.py) is wire.py.
 """
 
@@ -50,9 +53,10 @@ from .wire import (LocalServer, WireHandler, blank_jpeg, connection_loop, histor
 class Call:
     role: str
     model: str
-    path: str  # models/{model}:generateContent, or the batch job's name for a request answered in a batch
+    path: str  # models/{model}:generateContent (Vertex AI: projects/.../models/...), or the answering batch job
     fault: str  # "" when answered normally
     images: int  # inline images in the request
+    credential: str = ""  # the x-goog-api-key header, else the Authorization header, as sent
 
 
 class FakeGemini(LocalServer):
@@ -76,6 +80,7 @@ class FakeGemini(LocalServer):
         self.scorer = scorer or (self.judge if hasattr(self.judge, "score") else backends.create("judge", "simulator"))
         self.calls: list[Call] = []
         self.last_request: dict | None = None  # the last generateContent body, as JSON
+        self.tokens: list[str] = []  # access tokens handed out by /token
         self.batches = FakeBatches(self, batch_seconds)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -114,30 +119,42 @@ class FakeGemini(LocalServer):
     def error(code: int, message: str) -> tuple[int, dict, dict]:
         return rest.error(code, message) + ({},)
 
+    def token(self, request: bytes, **_) -> tuple[int, dict, dict]:
+        """An OAuth token endpoint (google.auth's refresh of Application Default Credentials whose token_uri is
+        {base_url}/token): a new access token per refresh, counted in `tokens`."""
+        with self._lock:
+            self.tokens.append(f"fake-access-token-{len(self.tokens) + 1}")
+            token = self.tokens[-1]
+        return 200, {"access_token": token, "expires_in": 3600, "token_type": "Bearer"}, {}
+
     # ------------------------------------------------------------ generateContent
 
     def generate_content(self, model: str, request: dict, api_key: str, in_batch: str = "",
-                         arrived: float | None = None, **_) -> tuple[int, dict, dict]:
+                         arrived: float | None = None, headers=None, vertex: str = "", **_) -> tuple[int, dict, dict]:
         """(HTTP status, JSON body, extra headers) for one generateContent request; `in_batch` names the batch
-        job answering it (then there is no latency, and a hang is a DEADLINE_EXCEEDED error).
+        job answering it (then there is no latency, and a hang is a DEADLINE_EXCEEDED error); `vertex` is the
+        Vertex AI path's prefix up to the model's name (e.g. "projects/P/locations/L/publishers/google/").
 
         With a latency the answer leaves `latency` seconds after the request `arrived` (time.monotonic()), the
         server's own work included, as a real service's latency includes its own."""
         started = time.monotonic() if arrived is None else arrived
-        answer = self._generate_content(model, request, api_key, in_batch)
+        credential = api_key or (headers.get("authorization", "") if headers is not None else "")
+        where = in_batch or f"{vertex}models/{model}:generateContent"
+        answer = self._generate_content(model, request, api_key, where, credential, in_batch)
         if self.latency and not in_batch:
             self.wait(started + self.latency - time.monotonic())
         return answer
 
-    def _generate_content(self, model: str, request: dict, api_key: str, in_batch: str) -> tuple[int, dict, dict]:
+    def _generate_content(self, model: str, request: dict, api_key: str, where: str, credential: str,
+                          in_batch: str) -> tuple[int, dict, dict]:
         config = rest.get(request, "generationConfig", "generation_config") or {}
         role = rest.role_of(config)
         fault_role, role = role, "scorer" if role == "judge" and rest.is_score_request(request) else role
         with self._lock:
             fault = next((f for f in self.faults if f.kind != "batch_failed" and f.applies(fault_role)
                           and f.strike()), None)
-            self.calls.append(Call(role, model, in_batch or f"models/{model}:generateContent",
-                                   fault.kind if fault else "", rest.count_images(request)))
+            self.calls.append(Call(role, model, where, fault.kind if fault else "", rest.count_images(request),
+                                   credential))
             self.last_request = request  # only the last one: keeping every body would hold every image
         kind = fault.kind if fault else ""
         if kind == "hang":
@@ -249,10 +266,13 @@ class _Handler(WireHandler):
     # (method, path pattern, handler as an attribute path on FakeGemini, body: JSON or raw bytes)
     ROUTES = (
         ("POST", re.compile(r"^/(?:v1|v1beta)/models/(?P<model>[^/:]+):generateContent$"), "generate_content", "json"),
+        ("POST", re.compile(r"^/(?:v1|v1beta1)/(?P<vertex>(?:projects/[^/:]+/locations/[^/:]+/)?publishers/google/)"
+                            r"models/(?P<model>[^/:]+):generateContent$"), "generate_content", "json"),
         ("POST", re.compile(r"^/(?:v1|v1beta)/models/(?P<model>[^/:]+):batchGenerateContent$"), "batches.create",
          "json"),
         ("GET", re.compile(r"^/(?:v1|v1beta)/batches/(?P<batch_id>[^/:]+)$"), "batches.get", "json"),
         ("POST", re.compile(r"^/upload/(?:v1|v1beta)/files$"), "batches.upload", "raw"),
+        ("POST", re.compile(r"^/token$"), "token", "raw"),
         ("GET", re.compile(r"^/(?:v1|v1beta)/files/(?P<file_id>[^/:]+):download$"), "batches.download", "raw"),
     )
 

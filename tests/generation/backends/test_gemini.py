@@ -12,8 +12,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 
@@ -26,6 +28,7 @@ from medbanana.generation.backends import APIError, EditRefused
 from medbanana.generation.testing.echo import EchoJudge
 from medbanana.generation.testing.fake_gemini import FakeGemini
 from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter
+from medbanana.generation.backends.gemini_transport import rest_request
 from medbanana.generation.backends.response_cache import ResponseCache
 from medbanana.generation.prompts import editor_prompt
 from medbanana.generation.records import (Attempt, EditedImage, Instruction, SourceImage, Task, Verdict,
@@ -203,13 +206,36 @@ def test_a_hanging_call_times_out_and_is_retried_boundedly(fake, options, source
     assert caught.value.kind == "timeout" and fake.count() == 2
 
 
-def test_connection_refused_is_a_transport_error(options, source):
+def test_connection_refused_is_a_transport_error(options, sleeps, source):
     with FakeGemini(writer=object(), editor=object(), judge=object()) as server:
         closed_url = server.base_url
     writer = GeminiWriter(**{**options, "base_url": closed_url})
     with pytest.raises(APIError) as caught:
         run(writer.write(make_task(source), source, []))
-    assert caught.value.kind == "transport"
+    assert caught.value.kind == "transport" and "gave up after 3 attempts" in str(caught.value)
+    assert len(sleeps) == MAX_ATTEMPTS - 1 and writer.transport.network_calls == MAX_ATTEMPTS
+
+
+def test_a_dropped_connection_is_retried_by_us_alone(options, sleeps, source):
+    """A server that closes every connection unanswered: one connection per attempt of ours, so the SDK's client
+    did not retry on its own (it would, after sleeping 1 to 10 s, without retry options of its own)."""
+    accepted = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def drop():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:  # the listener closed: the test is over
+                    return
+                accepted.append(conn.recv(1 << 16)[:4])
+                conn.close()
+
+        threading.Thread(target=drop, daemon=True).start()
+        writer = GeminiWriter(**{**options, "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}"})
+        with pytest.raises(APIError) as caught:
+            run(writer.write(make_task(source), source, []))
+    assert caught.value.kind == "transport" and accepted == [b"POST"] * MAX_ATTEMPTS
+    assert len(sleeps) == MAX_ATTEMPTS - 1
 
 
 @pytest.mark.parametrize("fault, kind", [("safety", "safety"), ("image_safety", "image_safety"),
@@ -302,19 +328,17 @@ def _wire_form(value):
     return [_wire_form(v) for v in value] if isinstance(value, list) else value
 
 
-def test_our_rest_body_and_the_sdk_conversion_put_the_same_request_on_the_wire(fake, options, source):
+def test_batch_request_lines_are_the_bodies_the_sdk_puts_on_the_wire(fake, options, source):
+    """A batch file's request (rest_request, written by hand) against what generate_content sent to the server."""
     task, edited = make_task(source), edited_from(source)
     writer, editor, judge = GeminiWriter(**options), GeminiEditor(**options), GeminiJudge(**options)
-    assert writer.transport.direct is not None  # this google-genai exposes its async request: the fast path
     requests = [next(writer.write_exchange(task, source, [])), next(editor.edit_exchange(task, source, "Add.", 5)),
-                next(judge.judge_exchange(task, source, edited, "Add."))]
-    for request, transport in zip(requests, (writer.transport, editor.transport, judge.transport)):
+                next(judge.judge_exchange(task, source, edited, "Add.")),
+                next(judge.score_exchange(task, source, edited, "Add.", ground_truth=source))]
+    for request, transport in zip(requests, (writer.transport, editor.transport, judge.transport, judge.transport)):
         run(transport.generate(request.model, request.contents, request.config))
-        ours = fake.last_request
-        transport.direct = None  # the SDK's public method and its own conversion
-        run(transport.generate(request.model, request.contents, request.config))
-        assert _wire_form(ours) == _wire_form(fake.last_request)
-        assert [c.path for c in fake.calls[-2:]] == [f"models/{request.model}:generateContent"] * 2
+        assert _wire_form(rest_request(request)) == _wire_form(fake.last_request)
+        assert fake.calls[-1].path == f"models/{request.model}:generateContent"
 
 
 def test_failed_calls_are_not_cached(fake, options, source, tmp_path):

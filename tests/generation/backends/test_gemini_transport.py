@@ -10,7 +10,9 @@ from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import aiohttp
 import pytest
+from google.auth import exceptions as auth_errors
 from google.genai import errors as genai_errors
 from google.genai import types
 
@@ -68,6 +70,22 @@ def test_classification_of_errors():
     assert classify(json.JSONDecodeError("torn", "{", 1)).kind == "bad_response"
     with pytest.raises(KeyError):  # a programming error is not dressed up as an API failure
         classify(KeyError("bug"))
+
+
+def test_classification_of_the_sdk_transports_and_credentials_errors():
+    """aiohttp's (the SDK's transport with google-genai[aiohttp]) and google.auth's (Vertex AI tokens)."""
+    refused = aiohttp.ClientConnectorError(aiohttp.client_reqrep.ConnectionKey(
+        "127.0.0.1", 9, False, True, None, None, None), ConnectionRefusedError(111, "Connection refused"))
+    expected = [(refused, "transport", True), (aiohttp.ServerDisconnectedError(), "transport", True),
+                (aiohttp.ClientPayloadError("torn"), "transport", True),
+                (aiohttp.ConnectionTimeoutError(), "timeout", True), (aiohttp.SocketTimeoutError(), "timeout", True),
+                (aiohttp.InvalidURL("htp:/x"), "client_error", False),
+                (auth_errors.TransportError("token endpoint unreachable"), "transport", True),
+                (auth_errors.DefaultCredentialsError("no ADC"), "unauthenticated", False),
+                (auth_errors.RefreshError("revoked"), "unauthenticated", False)]
+    for exc, kind, retryable in expected:
+        failure = classify(exc)
+        assert (type(exc).__name__, failure.kind, failure.retryable) == (type(exc).__name__, kind, retryable)
 
 
 def _request(text: str, image: bytes = b"\xff\xd8\xff-jpeg") -> list[types.Content]:

@@ -1,5 +1,5 @@
-"""The sync path's own REST JSON (gemini_wire): the same body and the same cache key as pydantic makes them, each
-image's base64 made once, and heavy answers read off the event loop."""
+"""gemini_wire's REST JSON (batch files) and cache keys: the same body and the same cache key as pydantic makes them,
+each image's base64 and sha256 made once, and heavy answers read off the event loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import hashlib
 import json
 import threading
 
-import msgspec
 import pytest
 from google.genai import types
 
@@ -95,23 +94,19 @@ def test_base64_is_made_once_per_bytes_object_and_old_entries_go():
     for data in others:
         assert base64.urlsafe_b64decode(inline.base64(data)) == data
     assert len(inline._items) == 3 and inline.base64(first) is not text  # evicted, made again
-    raw = inline.base64_json(first)  # the JSON string of it, for msgspec to copy as it is
-    assert isinstance(raw, msgspec.Raw) and msgspec.json.decode(bytes(raw)) == text and inline.base64_json(first) is raw
-    for data in others:  # entries holding their bytes, text and JSON string (3,674 bytes): fewer fit
-        inline.base64(data), inline.base64_json(data)
-    assert len(inline._items) == 1 and inline._held <= inline.max_bytes
+    assert inline._held <= inline.max_bytes
 
 
-def test_a_task_sends_its_source_encoded_once_and_the_server_reads_it(source, tmp_path):
+def test_a_task_hashes_its_source_once_for_the_cache_and_the_server_reads_it(source, tmp_path):
     task = Task("cxr_demo", "chest_xray", "Pleural_Effusion", "add", source.path)
     with FakeGemini() as fake:
         options = {"api_key": KEY, "base_url": fake.base_url, "timeout": 10.0, "cache_dir": tmp_path / "cache"}
         writer = GeminiWriter(**options)
         editor = GeminiEditor(transport=writer.transport)
         instruction = asyncio.run(writer.write(task, source, []))
-        text = writer.transport.inline.base64(source.data)
+        digest = writer.transport.inline.sha256(source.data)
         edited = asyncio.run(editor.edit(task, source, instruction.text, seed=1))
-        assert writer.transport.inline.base64(source.data) is text  # not encoded again for the editor
+        assert writer.transport.inline.sha256(source.data) is digest  # not hashed again for the editor's key
         sent = fake.last_request["contents"][0]["parts"][0]["inlineData"]["data"]
         assert base64.urlsafe_b64decode(sent) == source.data and edited.data[:3] == b"\xff\xd8\xff"
 

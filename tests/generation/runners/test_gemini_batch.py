@@ -19,21 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from google import genai
-from google.genai import _common, models, types
 
 from fake_runs import mimic_sources, use_fake_gemini
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation.runners.batch import JOBS_FILE
-from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter
 from medbanana.generation.backends.settings import GeminiSettings
 from medbanana.generation.runners.generate import generate
-from medbanana.generation.records import EditedImage, SourceImage, Task, decode_rgb
+from medbanana.generation.records import decode_rgb
 from medbanana.generation.runners.local import RunOptions
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.rundir.store import read_journal
-from medbanana.generation.backends.gemini_transport import rest_request
 
 KEY = "batch-test-key-3f9d0e"
 ROLES = {"writer": "gemini", "editor": "gemini", "judge": "gemini"}
@@ -109,33 +105,6 @@ def test_over_the_inline_limit_requests_go_as_an_uploaded_jsonl_file(echo_gemini
     assert images and all(np.array_equal(decode_rgb((tmp_path / "inline" / i).read_bytes()),
                                          decode_rgb((tmp_path / "file" / i).read_bytes())) for i in images)
     assert not list((tmp_path / "file" / "medbanana-cache" / "batches").glob("*.jsonl"))  # removed after use
-
-
-def test_jsonl_requests_are_the_rest_bodies_the_sdk_sends():
-    path = Path("patient.jpeg")  # never read: the bytes are given
-    source = SourceImage(path, data=b"\xff\xd8\xff\xe0 not decoded")
-    task = Task("ds", "chest_xray", "Pleural_Effusion", "add", path)
-    options = {"api_key": KEY, "base_url": "http://127.0.0.1:9"}
-    writer, editor, judge = GeminiWriter(**options), GeminiEditor(**options), GeminiJudge(**options)
-    requests = [next(writer.write_exchange(task, source, [])), next(editor.edit_exchange(task, source, "Add.", 7)),
-                next(judge.judge_exchange(task, source, EditedImage(data=b"\xff\xd8\xff\xe1"), "Add."))]
-    client = genai.Client(api_key=KEY)
-    for request in requests:
-        params = types._GenerateContentParameters(model=request.model, contents=request.contents,
-                                                  config=request.config)
-        sdk = _common.convert_to_dict(models._GenerateContentParameters_to_mldev(client._api_client, params))
-        sdk = _common.encode_unserializable_types(sdk)  # what the SDK does to bytes before sending
-        sdk.pop("_url")
-        assert _camel(json.loads(json.dumps(sdk, default=str))) == rest_request(request)
-
-
-def _camel(value, names_are_data: bool = False):
-    """The SDK mixes snake_case and camelCase field names (both valid REST JSON); compare in camelCase. The keys
-    of a schema's `properties` are names of the verdict's fields, not field names of the API."""
-    if isinstance(value, dict):
-        return {(k if names_are_data else k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:])):
-                _camel(v, names_are_data=(k == "properties" and not names_are_data)) for k, v in value.items()}
-    return [_camel(v) for v in value] if isinstance(value, list) else value
 
 
 @pytest.mark.parametrize("faults, check", [

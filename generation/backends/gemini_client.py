@@ -1,0 +1,74 @@
+"""How the google-genai client is made: the API key, Vertex AI, and the HTTP options every call goes out with.
+
+One `genai.Client` serves the Gemini API and Vertex AI alike (its public constructor: `vertexai=True` with a project
+and location, or Vertex AI express mode with an API key); the SDK's own environment variables
+(GOOGLE_GENAI_USE_VERTEXAI, GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION) work as they do for any of its users.
+
+The HTTP stack is the SDK's: its aiohttp transport when aiohttp is installed (the `google-genai[aiohttp]` extra,
+which medbanana depends on), else httpx. Retries are http.Transport's, so the client's own are switched off with
+public options: `HttpRetryOptions(attempts=1)`; without retry options the SDK would instead retry a refused or
+dropped connection once by itself, after sleeping 1 to 10 s, under our per-call timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from google.genai import types
+
+API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+VERTEX_VARIABLE = "GOOGLE_GENAI_USE_VERTEXAI"  # the SDK's switch, read here too: the key is then optional
+
+
+def resolve_api_key(api_key: str | None = None, *, required: bool = True) -> str | None:
+    """The API key given, else the first of API_KEY_VARIABLES set; ValueError when `required` and there is none."""
+    key = (api_key or next((os.environ[v] for v in API_KEY_VARIABLES if os.environ.get(v)), "")).strip()
+    if not key and required:
+        raise ValueError(f"no Gemini API key: set {' or '.join(API_KEY_VARIABLES)}, or pass api_key")
+    return key or None
+
+
+@dataclass(frozen=True)
+class VertexTarget:
+    """Vertex AI as the endpoint: a Google Cloud project and location, signed in with `credentials` (a google.auth
+    credentials object; None: Application Default Credentials, e.g. `gcloud auth application-default login`).
+    Without a project (here or in GOOGLE_CLOUD_PROJECT) an API key is Vertex AI express mode."""
+
+    project: str | None = None
+    location: str | None = None
+    credentials: object | None = None
+
+    @classmethod
+    def from_environment(cls) -> VertexTarget | None:
+        """A target when GOOGLE_GENAI_USE_VERTEXAI is true (project and location from the SDK's variables)."""
+        return cls() if os.environ.get(VERTEX_VARIABLE, "").strip().lower() in ("true", "1") else None
+
+    @property
+    def resolved_project(self) -> str | None:
+        return self.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or None
+
+    @property
+    def express(self) -> bool:
+        """Whether calls are signed with an API key (no project, no credentials) rather than OAuth credentials."""
+        return not self.resolved_project and self.credentials is None
+
+
+def client_options(api_key: str | None, base_url: str | None, vertex: VertexTarget | None,
+                   timeout: float) -> dict:
+    """`genai.Client(**client_options(...))`: the endpoint, how calls are signed, and the HTTP options."""
+    # The client's own timeout is a backstop; http.Transport's per-call timeout bounds the whole call.
+    http_options = types.HttpOptions(timeout=int((timeout + 5) * 1000),
+                                     retry_options=types.HttpRetryOptions(attempts=1))
+    if base_url:
+        http_options.base_url = base_url
+    if vertex is None:
+        return {"api_key": api_key, "http_options": http_options}
+    if vertex.express:
+        if not api_key:
+            raise ValueError(f"Vertex AI needs a project (--vertex-project or GOOGLE_CLOUD_PROJECT) or, in express "
+                             f"mode, an API key ({' or '.join(API_KEY_VARIABLES)})")
+        return {"vertexai": True, "api_key": api_key, "http_options": http_options}
+    return {"vertexai": True, "project": vertex.resolved_project,
+            "location": vertex.location or os.environ.get("GOOGLE_CLOUD_LOCATION") or "global",
+            "credentials": vertex.credentials, "http_options": http_options}
