@@ -13,12 +13,15 @@ dropped connection once by itself, after sleeping 1 to 10 s, under our per-call 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import google.auth
+from google.auth import exceptions as auth_errors
 from google.genai import types
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 VERTEX_VARIABLE = "GOOGLE_GENAI_USE_VERTEXAI"  # the SDK's switch, read here too: the key is then optional
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"  # the scope the SDK asks ADC for
 
 
 def resolve_api_key(api_key: str | None = None, *, required: bool = True) -> str | None:
@@ -49,9 +52,32 @@ class VertexTarget:
         return self.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or None
 
     @property
+    def resolved_location(self) -> str:
+        return self.location or os.environ.get("GOOGLE_CLOUD_LOCATION") or "global"
+
+    @property
     def express(self) -> bool:
         """Whether calls are signed with an API key (no project, no credentials) rather than OAuth credentials."""
         return not self.resolved_project and self.credentials is None
+
+    def describe(self) -> dict:
+        """What a run records of the target (medbanana-run.json; --retry-failed reads it back): never credentials."""
+        if self.express:
+            return {"project": None, "location": None}
+        return {"project": self.resolved_project, "location": self.resolved_location}
+
+    def signed_in(self) -> VertexTarget:
+        """This target with its credentials object: Application Default Credentials loaded here (google.auth's
+        public `default`, as the SDK would load them) rather than inside the SDK, so that the access tokens they
+        fetch can be read from `credentials.token` and scrubbed like a key. ValueError when there are none."""
+        if self.express or self.credentials is not None:
+            return self
+        try:
+            credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
+        except auth_errors.DefaultCredentialsError as exc:
+            raise ValueError(f"Vertex AI needs Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or "
+                             f"`gcloud auth application-default login`): {' '.join(str(exc).split())}") from None
+        return replace(self, credentials=credentials)
 
 
 def client_options(api_key: str | None, base_url: str | None, vertex: VertexTarget | None,
@@ -69,6 +95,5 @@ def client_options(api_key: str | None, base_url: str | None, vertex: VertexTarg
             raise ValueError(f"Vertex AI needs a project (--vertex-project or GOOGLE_CLOUD_PROJECT) or, in express "
                              f"mode, an API key ({' or '.join(API_KEY_VARIABLES)})")
         return {"vertexai": True, "api_key": api_key, "http_options": http_options}
-    return {"vertexai": True, "project": vertex.resolved_project,
-            "location": vertex.location or os.environ.get("GOOGLE_CLOUD_LOCATION") or "global",
+    return {"vertexai": True, "project": vertex.resolved_project, "location": vertex.resolved_location,
             "credentials": vertex.credentials, "http_options": http_options}

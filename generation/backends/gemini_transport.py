@@ -223,13 +223,23 @@ class GeminiTransport(Transport):
     def __init__(self, *, api_key: str | None = None, base_url: str | None = None,
                  vertex: VertexTarget | None = None, **options):
         vertex = vertex if vertex is not None else VertexTarget.from_environment()
+        vertex = vertex.signed_in() if vertex is not None else None
         self._secret = resolve_api_key(api_key, required=vertex is None)  # Vertex AI: client_options decides
-        token = getattr(vertex.credentials, "token", None) if vertex is not None else None
-        hold(self._secret, token, *url_credentials(base_url))  # not in the environment: scrub must know them
+        hold(self._secret, *url_credentials(base_url))  # not in the environment: scrub must know them
         super().__init__(secrets=tuple(filter(None, (self._secret,))), **options)
         self._client = genai.Client(**client_options(self._secret, base_url, vertex, self.timeout))
         self.inline = InlineData()  # sha256 of the images in flight (the cache key), made once each
         self.vertex = vertex
+        self._token = None  # the Vertex AI access token last held
+        self._hold_token()
+
+    def _hold_token(self) -> None:
+        """Hold the credentials' current access token as a secret: the SDK fetches a new one (refresh) inside a
+        call, and an endpoint may echo it back without the `Authorization:` that scrub recognises."""
+        token = getattr(self.vertex.credentials, "token", None) if self.vertex is not None else None
+        if token and token != self._token:
+            hold(token)
+            self._token = token
 
     async def call(self, what: str, make_call, *, timeout: float | None = None, limiter: RateLimiter | None = None):
         """`await make_call()` with retries (http.Transport.call_with_retries), google-genai's errors classified."""
@@ -257,7 +267,10 @@ class GeminiTransport(Transport):
         (a body that does not parse is retried). `should_return_http_response` (a public config field) hands back
         the HTTP body unconverted, which is parsed once here and cached as it came."""
         config = config.model_copy(update={"should_return_http_response": True})
-        answer = await self._client.aio.models.generate_content(model=model, contents=contents, config=config)
+        try:
+            answer = await self._client.aio.models.generate_content(model=model, contents=contents, config=config)
+        finally:  # before anything scrubs the answer or the error: it may quote a token fetched for this call
+            self._hold_token()
         body = (answer.sdk_http_response.body if answer.sdk_http_response else None) or ""
         body = scrub(body) if holds_secret(body) else body  # first: a parse error quotes the body, cut short
         return scrub_response(parse_response(body), body)

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import write_jpeg
+from service_account import service_account_file
 from stub_http import JSONHandler
 from medbanana.builder.build import build
 from medbanana.cli import main
@@ -98,9 +99,14 @@ class Echo(JSONHandler):
 
     def do_POST(self):
         state = self.server.state
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        headers = self.headers  # the credentials first: refusal messages quote only the start of an answer
-        credentials = f"x-goog-api-key: {headers['x-goog-api-key']} Authorization: {headers['Authorization']}"
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/token":  # an OAuth token endpoint (a service account's key file points ADC here)
+            return self._json({"access_token": state["token"], "expires_in": 3600, "token_type": "Bearer"})
+        body, headers = json.loads(body), self.headers
+        state["signed"].add((self.path.partition("/models/")[0], headers["Authorization"]))
+        bare = (headers["Authorization"] or "").rpartition(" ")[2]  # the credential alone, no header name before it
+        # the credentials first: refusal messages quote only the start of an answer
+        credentials = f"x-goog-api-key: {headers['x-goog-api-key']} Authorization: {headers['Authorization']} {bare}"
         echo = f"{credentials} {encoded(credentials)} request headers: {dict(headers)} raw: {str(headers)!r} " \
                f"path: {self.path}"
         openai = self.path.endswith("/chat/completions")
@@ -189,7 +195,7 @@ def _openai_role(body: dict) -> str:
 @pytest.fixture
 def echo():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    server.state = {"calls": {}, "fail_writer": -1, "fail_status": 401}
+    server.state = {"calls": {}, "fail_writer": -1, "fail_status": 401, "token": "", "signed": set()}
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -282,6 +288,29 @@ def test_openai_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
     parquet = _parquet_text(dataset)
     assert "request headers" in parquet and MARK in parquet and key not in parquet
     _assert_nowhere(key, printed, run_dir, dataset)
+
+
+def test_vertex_run_and_dataset_hold_no_access_token_it_fetched_from_an_echoing_endpoint(echo, sources, tmp_path,
+                                                                                          monkeypatch, capfd):
+    """Vertex AI on Application Default Credentials: the SDK signs calls with an OAuth access token google.auth
+    fetches from the key file's token endpoint; the endpoint echoes it with no `Authorization:` before it, in its
+    answers and in an HTTP 500's body, as it is and encoded."""
+    token = f"ya29.test/SECRET+{uuid.uuid4()}="
+    base_url = f"http://127.0.0.1:{echo.server_port}"
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(service_account_file(tmp_path, f"{base_url}/token")))
+    monkeypatch.setenv("GOOGLE_VERTEX_BASE_URL", base_url)
+    echo.state.update(token=token, fail_writer=6, fail_status=500)  # the third task's first call, as above
+    run_dir, dataset = tmp_path / "run", tmp_path / "dataset"
+    printed, records = _generate_and_build(["--sources", str(sources), "--vertex-project", "proj-echo",
+                                            "--vertex-location", "us-central1", "--max-rounds", "3"],
+                                           run_dir, dataset, capfd)
+    assert echo.state["signed"] == {("/v1beta1/projects/proj-echo/locations/us-central1/publishers/google",
+                                     f"Bearer {token}")}
+    assert [records[f"n{i}.jpeg"]["status"] for i in range(3)] == ["failed", "success", "api_failed"]
+    assert records["n2.jpeg"]["error"]["kind"] == "server_error" and MARK in records["n2.jpeg"]["error"]["message"]
+    _assert_nowhere(token, printed, run_dir, dataset)
 
 
 # ---------------------------------------------------------------- medbanana upload

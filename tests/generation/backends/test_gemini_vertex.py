@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from google.oauth2.credentials import Credentials
 
 from fake_runs import chest_source, mimic_sources
+from service_account import service_account_file
 from medbanana.cli import main
 from medbanana.generation.backends import APIError
 from medbanana.generation.backends.gemini import GeminiEditor, GeminiJudge, GeminiWriter
@@ -99,22 +97,10 @@ def test_refused_credentials_are_a_permanent_unauthenticated_failure(fake, sourc
     assert caught.value.kind == "unauthenticated" and fake.count() == 0
 
 
-def adc_file(folder: Path, fake) -> Path:
-    """Application Default Credentials as a service account's key file (GOOGLE_APPLICATION_CREDENTIALS), its token
-    endpoint on the fake (a user's `gcloud auth application-default login` file always refreshes at Google)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    path = folder / "service-account.json"
-    path.write_text(json.dumps({"type": "service_account", "project_id": "proj-7", "private_key_id": "k1",
-                                "private_key": pem, "client_email": "runner@proj-7.iam.gserviceaccount.com",
-                                "client_id": "1", "token_uri": f"{fake.base_url}/token"}))
-    return path
-
-
 def test_generate_vertex_runs_on_application_default_credentials(fake, tmp_path, monkeypatch, capfd):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_vertex", per_class=1, size=64)
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc_file(tmp_path, fake)))
+    adc = service_account_file(tmp_path, f"{fake.base_url}/token")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
     monkeypatch.setenv("GOOGLE_VERTEX_BASE_URL", fake.base_url)
     out = tmp_path / "run"
     code = main(["generate", "--sources", str(sources), "--out", str(out), "--vertex", "--vertex-project", "proj-7",
@@ -128,6 +114,19 @@ def test_generate_vertex_runs_on_application_default_credentials(fake, tmp_path,
         ("projects/proj-7/locations/us-central1", "Bearer fake-access-token-1")}
     written = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
     assert b"PRIVATE KEY" not in written and b"fake-access-token" not in written
+    recorded = json.loads((out / layout.RUN_CONFIG).read_text())["backends"]  # what --retry-failed reads back
+    assert {role: made.get("vertex") for role, made in recorded.items()} == dict.fromkeys(
+        ("writer", "editor", "judge"), {"project": "proj-7", "location": "us-central1"})
+
+
+def test_vertex_without_application_default_credentials_is_one_clear_line(fake, tmp_path, monkeypatch, capfd):
+    sources = mimic_sources(tmp_path / "sources", "MIMIC_vertex", per_class=1, size=64)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    code = main(["generate", "--sources", str(sources), "--out", str(tmp_path / "run"), "--vertex",
+                 "--vertex-project", "p", "-q"])
+    err = capfd.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "Application Default Credentials" in err and "no-such-key.json" in err and fake.count() == 0
 
 
 def test_batch_on_vertex_is_refused_in_one_line(fake, tmp_path, capfd):
