@@ -130,6 +130,11 @@ class _GeminiBackend:
         self.temperature = temperature
         self.transport = transport or GeminiTransport(**transport_options)
 
+    @property
+    def vertex(self) -> dict | None:
+        """The Vertex AI target as the run records it (project, location), None on the Gemini API."""
+        return self.transport.vertex.describe() if self.transport.vertex is not None else None
+
     def _request(self, parts: list[types.Part], config: types.GenerateContentConfig) -> Request:
         return Request(self.model, [types.Content.model_construct(role="user", parts=parts)], config)
 

@@ -70,9 +70,10 @@ RUN_DEFAULTS = {"max_rounds": 5, "seed": 0, "accept": "qualified"}  # add_run_op
 
 
 def take_recorded_options(args, config: dict) -> None:
-    """--retry-failed: the options RUN_DIR/medbanana-run.json records (each role's backend and model, max rounds,
-    seed, accept policy) for those not given, so that the retry command `generate` prints works as printed. Any
-    given is kept: a different one is refused by the run directory's check, naming it."""
+    """--retry-failed: the options RUN_DIR/medbanana-run.json records (each role's backend and model, Vertex AI and
+    its project and location, max rounds, seed, accept policy) for those not given, so that the retry command
+    `generate` prints works as printed. Any given is kept: a different one is refused by the run directory's check,
+    naming it."""
     for name in RUN_DEFAULTS:
         if getattr(args, name) is None and config.get(name) is not None:
             setattr(args, name, config[name])
@@ -89,6 +90,11 @@ def take_recorded_options(args, config: dict) -> None:
         if (chosen == made["backend"] != "simulator" and made.get("model") and not taken_by_openai_model
                 and getattr(args, model_option, "absent") is None):  # the simulator's models are its own
             setattr(args, model_option, made["model"])
+        if chosen == made["backend"] and isinstance(vertex := made.get("vertex"), dict):  # a run on Vertex AI
+            args.vertex = True
+            for key in ("project", "location"):
+                if getattr(args, f"vertex_{key}") is None and isinstance(vertex.get(key), str):
+                    setattr(args, f"vertex_{key}", vertex[key])
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:

@@ -115,6 +115,7 @@ def run(tasks, run_dir, writer, editor, judge, options=None, config=None) -> Run
 
 def describe_backends(writer, editor, judge) -> dict:
     """What medbanana-run.json records about the backends (names and models, never secrets)."""
-    def info(obj):
-        return {"backend": getattr(obj, "name", type(obj).__name__), "model": getattr(obj, "model", "")}
+    def info(obj):  # a Gemini backend on Vertex AI adds its project and location (--retry-failed reads them)
+        vertex = {"vertex": obj.vertex} if getattr(obj, "vertex", None) is not None else {}
+        return {"backend": getattr(obj, "name", type(obj).__name__), "model": getattr(obj, "model", ""), **vertex}
     return {"writer": info(writer), "editor": info(editor), "judge": info(judge)}
