@@ -30,7 +30,7 @@ def one_run(args, sources: Path, out: Path, base_url: str, workers: int, keys) -
     child = subprocess.run(
         [sys.executable, bench_gemini.__file__, "--one", "--tasks", str(args.tasks), "--concurrency",
          str(args.concurrency), "--workers", str(workers), "--sources", str(sources), "--out", str(out),
-         "--base-url", base_url, *extra],
+         "--latency", str(args.latency), "--base-url", base_url, *extra],
         env={**os.environ, "GEMINI_API_KEY": "bench-key"}, capture_output=True, text=True, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])
 
@@ -49,7 +49,7 @@ def main() -> None:
     from medbanana.cli import main as cli
     from medbanana.generation.rundir.signing_keys import init_keys
 
-    with bench_gemini.fake_gemini_and_workdir(args.latency, "c2pa") as (base_url, work):
+    with bench_gemini.fake_gemini_and_workdir(args.latency, "c2pa") as (base_url, work, _server_pid):
         keys = init_keys(work / "keys")
         sources = bench_gemini.make_sources(work / "sources", args.tasks)
         print(f"fake Gemini (echo, {args.latency} s per call); {args.tasks} tasks, concurrency {args.concurrency}; "
