@@ -4,7 +4,7 @@ An endpoint (or a proxy in front of it) may echo the request's headers, the API 
 an error body or a refusal's text, as they are or encoded. Those texts end up in records, the journal, the request
 caches, the JSON files and the dataset's parquet, so each is passed through `scrub` where it is created or cached:
 the values of the secrets this process holds (API keys and the HF token, from their variables or handed to `hold`;
-a password in a base URL) in every form an echo may take them (as they are; base64, standard and URL-safe, at each
+a password in a base URL; Vertex AI access tokens, held as they are fetched) in every form an echo may take them (as they are; base64, standard and URL-safe, at each
 of the three byte offsets inside a longer base64 text; hex, lower and upper case; percent-encoded) and anything in
 a credential shape (`Authorization: Bearer ...`, `x-goog-api-key: ...`, `?key=...`, `hf_...`, a URL's
 `user:password@`) become `[redacted]`. What is not caught: a secret encoded twice, or in another encoding (gzip,

@@ -331,8 +331,8 @@ def register(sub) -> None:
     p.add_argument("--retry-failed", type=Path, metavar="RUN_DIR",
                    help="re-run the tasks of RUN_DIR that ended with an API error, with the selection (diseases, "
                         "modalities, directions, shard, limit) and sources its medbanana-run.json records; "
-                        "other selection options are refused. Backends, models, --max-rounds, --seed and --accept "
-                        "default to the recorded ones too (give the signing certificate again: it is not stored)")
+                        "other selection options are refused. Backends, models, --vertex-project/--vertex-location, "
+                        "--max-rounds, --seed and --accept default to the recorded ones too (give the signing certificate again: it is not stored)")
     p.add_argument("--drop-missing-sources", action="store_true",
                    help="with --retry-failed: end for good the api_failed tasks whose source file is gone (kept in "
                         "the records with kind source_missing, their rounds too; not counted by the exit code). "
