@@ -45,9 +45,14 @@ def register(subparsers) -> None:
                         "edit), else the target's anatomical region; edit, region or none (full image) alone")
     p.add_argument("--no-lpips", dest="lpips", action="store_false", help="skip LPIPS even when it is available")
     p.add_argument("--attention", action="store_true",
-                   help="run directories made with `generate --diffusers-attention`: also report the IoU of the "
-                        "disease words' cross-attention with the target region and the mislocalisation rate per "
-                        "disease (attention.json)")
+                   help="edits made with `generate --diffusers-attention`: also report the IoU of the disease "
+                        "words' thresholded cross-attention with each sample's ROI (as --roi: the edit_mask, else "
+                        "the task's region; each figure says which) and the mislocalisation rate per disease "
+                        "(attention.json). The attention is read from INPUT when it is a run directory, else from "
+                        "--attention-run")
+    p.add_argument("--attention-run", type=Path, action="append", metavar="RUN_DIR",
+                   help="a run whose edits recorded attention, for a built dataset's samples (implies --attention; "
+                        "repeat for a dataset built from several runs)")
     _add_judge_options(p, default="simulator", allow_none=True)
     _add_probe_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -162,6 +167,8 @@ def run_eval(args) -> int:
     attempts = "all" if args.all_attempts else "accepted"
     make_samples = _samples(args, attempts)
     samples = make_samples()  # input errors surface here, before anything is written
+    if args.attention or args.attention_run:
+        _attention_runs(args)
     try:
         probes = _probe_prerequisites(args)
     except ImportError as exc:
@@ -266,8 +273,8 @@ def _evaluate_into_out(args, samples, attempts: str) -> int:
     for note in summary["notes"]:
         if note.startswith("LPIPS"):
             print(note, file=sys.stderr)
-    if args.attention:
-        _report_attention(args.input, args.out)
+    if args.attention or args.attention_run:
+        _report_attention(args, _samples(args, attempts))
     print(f"wrote {args.out.resolve()}/report.md")
     return eval_exit_code(summary)
 
@@ -298,17 +305,33 @@ def summary_line(summary: dict) -> str:
     return f"{counts}; {', '.join(shown)}" if shown else counts
 
 
-def _report_attention(run_dir: Path, out: Path) -> None:
-    from .attention import run_samples, summarise
+def _attention_runs(args) -> list[Path]:
+    """The runs --attention reads: --attention-run, else INPUT when it is a run directory (ValueError otherwise)."""
+    from .inputs import input_kind
 
-    per_disease = summarise(run_samples(run_dir))
-    if not per_disease:
-        print(f"--attention: no edit in {run_dir} recorded attention (generate --diffusers-attention)",
+    if args.attention_run:
+        return args.attention_run
+    if input_kind(args.input) != "run":
+        raise ValueError(f"--attention: {args.input} is not a run directory; name the run its edits came from "
+                         "with --attention-run RUN_DIR (the attention masks are recorded there)")
+    return [args.input]
+
+
+def _report_attention(args, make_samples) -> None:
+    from .attention import attention_report
+
+    samples = make_samples()
+    if args.limit is not None:
+        samples = itertools.islice(samples, args.limit)
+    report = attention_report(samples, _attention_runs(args), args.roi)
+    if not report["samples"]:
+        print(f"--attention: no edit of {args.input} recorded attention (generate --diffusers-attention)",
               file=sys.stderr)
-    (Path(out) / "attention.json").write_text(json.dumps(per_disease, indent=2))
-    for disease, row in per_disease.items():
+    (Path(args.out) / "attention.json").write_text(json.dumps(report, indent=2))
+    for disease, row in report["by_disease"].items():
+        rois = ", ".join(f"{kind} {n:,}" for kind, n in row["roi"].items())
         print(f"attention {disease}: n {row['n']}, mean IoU {row['mean_iou']:.3f}, "
-              f"mislocalised {row['mislocalisation_rate']:.1%}")
+              f"mislocalised {row['mislocalisation_rate']:.1%} (roi: {rois})")
 
 
 def run_judge_agreement(args) -> int:

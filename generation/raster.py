@@ -1,11 +1,14 @@
 """Raster helpers of the anatomy locator (generation/anatomy.py) and the simulator: resampling, smoothing, shapes on
-a square grid, Otsu's threshold, and the cache of what is computed once per source image.
+a square grid, Otsu's threshold, the cache of what is computed once per source image, and a mask as text for an
+edit's details (`encode_mask` / `decode_mask`: the simulator's drawn mask, the diffusers editor's attention mask).
 
 Shapes take pixel coordinates on a size x size grid; fields are float32, masks boolean.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import threading
 from collections.abc import Callable
 from functools import lru_cache
@@ -56,6 +59,26 @@ def resize_field(field: np.ndarray, wh: tuple[int, int]) -> np.ndarray:
     if field.shape[::-1] == tuple(wh):
         return field
     return np.asarray(Image.fromarray(field, mode="F").resize(wh, Image.BILINEAR), dtype=np.float32)
+
+
+def encode_mask(mask: np.ndarray) -> str:
+    """A boolean mask as a 1-bit PNG in base64 (a few KB), for JSON such as an edit's details."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(mask, bool)).convert("1").save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def decode_mask(text: str, size: tuple[int, int] | None = None) -> np.ndarray:
+    """`encode_mask`'s text back to a boolean mask, at `size` = (width, height) when given (nearest). ValueError
+    for text that is not a base64 image (it comes from a run's files)."""
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(text, validate=True))) as im:
+            grey = im.convert("L")
+    except (ValueError, OSError) as exc:  # binascii.Error is a ValueError; PIL raises OSError subclasses
+        raise ValueError(f"not a base64 mask image: {exc}") from None
+    if size is not None and grey.size != tuple(size):
+        grey = grey.resize(tuple(size), Image.NEAREST)
+    return np.asarray(grey) > 127
 
 
 def resize_mask(mask: np.ndarray, size: int) -> np.ndarray:

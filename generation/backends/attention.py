@@ -4,10 +4,12 @@ belongs?
 While a pipeline edits, `CrossAttentionRecorder` (an attention processor on the UNet's cross-attention layers) adds
 up, for each image of the batch, the attention its latent positions pay to the disease words of its instruction,
 over every layer, head and denoising step (text-conditioned branch only). `heat_map` averages and normalises that
-sum to [0, 1] at the image's size; `attention_mask` thresholds it at 1.3 x Otsu; `iou` compares it with the task's
-region of interest: a mask given by the caller, or `region_mask`, the taxonomy's anatomical region located on the
-source image by the simulator's anatomy estimate. evaluation/attention.py reads the IoUs back from a run and gives
-the mislocalisation rate per disease.
+sum to [0, 1] at the image's size; `attention_mask` thresholds it at 1.3 x Otsu. The editor records that mask in
+the edit's details (`raster.encode_mask`, at the source's size) with its IoU at generation time against
+`region_mask`: the task's grown region (generation/anatomy.py `grown_region`, the definition the dataset's
+`region_mask` column uses) located on the source. `eval --attention` (evaluation/attention.py) scores the recorded
+mask again against the eval's ROI, the dataset's `edit_mask` when there is one, and gives the mislocalisation rate
+per disease.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 MISLOCALISED_BELOW = 0.1  # IoU under which an edit counts as mislocalised (our choice; configurable)
 OTSU_FACTOR = 1.3
+MASK_KEY = "mask"  # details["attention"][MASK_KEY]: the thresholded attention mask, raster.encode_mask's text
 
 
 def disease_words(disease: str, modality: str | None = None) -> list[str]:
@@ -149,17 +152,18 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def region_mask(source_rgb: np.ndarray, modality: str, disease: str) -> np.ndarray:
-    """The disease's anatomical region (taxonomy `region`) on this source, at the source's size."""
+    """The task's grown region (anatomy.grown_region on the ANAT grid, located on this source), at the source's
+    size. KeyError for a region the modality has no mask for."""
     from PIL import Image
 
-    from ..anatomy import ANAT, estimate_anatomy
+    from ..anatomy import ANAT, estimate_anatomy, grown_region
     from ..raster import resize_rgb
     from ..taxonomy import load_taxonomy
 
     label = load_taxonomy().target(disease, modality)
-    regions = estimate_anatomy(resize_rgb(source_rgb, ANAT), modality).regions(ANAT)
+    region = grown_region(estimate_anatomy(resize_rgb(source_rgb, ANAT), label.modality), label.region, ANAT)
     height, width = source_rgb.shape[:2]
-    mask = Image.fromarray(regions[label.region].astype(np.uint8) * 255).resize((width, height), Image.NEAREST)
+    mask = Image.fromarray(region.astype(np.uint8) * 255).resize((width, height), Image.NEAREST)
     return np.asarray(mask) > 127
 
 

@@ -220,17 +220,21 @@ class DiffusersEditor(Editor):
         return len(tokenizer(instruction).input_ids) > tokenizer.model_max_length
 
     def _grounding(self, job: _Job, latent_map) -> dict:
-        """The attention diagnostics of one edit, for its details (and its overlay PNG when asked for)."""
+        """The attention diagnostics of one edit, for its details (and its overlay PNG when asked for): the
+        thresholded attention mask at the source's size (`mask`, raster.encode_mask), for `eval --attention` to
+        score against the dataset's edit_mask, and its IoU now with the task's grown region (`iou`, `roi`)."""
+        from ..raster import encode_mask
         from . import attention
 
         if latent_map is None:
             return {"iou": None, "reason": "no disease word of the instruction reached the text encoder"}
         height, width = job.source.array.shape[:2]
         heat = attention.heat_map(latent_map, (width, height))
+        mask = attention.attention_mask(heat)
         roi = attention.region_mask(job.source.array, job.task.modality, job.task.disease)
-        value = attention.iou(attention.attention_mask(heat), roi)
-        out = {"iou": round(value, 4), "mislocalised": value < attention.MISLOCALISED_BELOW,
-               "otsu_factor": attention.OTSU_FACTOR}
+        value = attention.iou(mask, roi)
+        out = {"iou": round(value, 4), "roi": "region", "mislocalised": value < attention.MISLOCALISED_BELOW,
+               "otsu_factor": attention.OTSU_FACTOR, attention.MASK_KEY: encode_mask(mask)}
         if self.attention_dir is not None:
             name = f"{job.task.uid.replace('/', '_')}-seed{job.seed}.png"
             out["overlay"] = str(attention.save_overlay(self.attention_dir / name, job.source.array, heat, roi))

@@ -13,10 +13,11 @@ import asyncio
 import numpy as np
 
 from ..base import Editor, EditRefused
+from ...raster import encode_mask
 from ...records import EditedImage, SourceImage, Task, encode_jpeg
 from .lesions import apply_ops, build_add, build_remove, make_canvas, spec_for
 from .params import EditParams, parse
-from .truth import DETAILS_KEY, drawn_mask, encode
+from .truth import DETAILS_KEY, drawn_mask
 
 
 def realise(params: EditParams, rng: np.random.Generator, jitter: float = 1.0) -> dict:
@@ -68,5 +69,5 @@ class SimulatedEditor(Editor):
         details = {"params": params.as_dict(),
                    "realised": {k: round(v, 3) if isinstance(v, float) else v for k, v in realised.items()},
                    "global_drift": round(drift, 2), "seed": seed, **ops.facts,
-                   DETAILS_KEY: encode(drawn_mask(ops, canvas))}  # the ground truth of the edit's ROI (truth.py)
+                   DETAILS_KEY: encode_mask(drawn_mask(ops, canvas))}  # the ground truth of the edit's ROI (truth.py)
         return EditedImage(data=encode_jpeg(out, quality=95), model=self.model, details=details)

@@ -2,17 +2,16 @@
 
 `drawn_mask` is where the edit's noise-free change (what it painted plus what it blended, before grain and the
 global tone drift) reaches DRAWN_LEVELS grey levels in some channel, on the working grid. The editor records it as
-a 1-bit PNG in base64 (`details["drawn_mask"]`, a few KB); `read_drawn_mask` gives it back at any size, so the
-dataset's computed `edit_mask` (builder/masks.py) can be scored against it (bench/bench_masks.py, the demo test).
+a 1-bit PNG in base64 (`details["drawn_mask"]`, a few KB; raster.encode_mask); `read_drawn_mask` gives it back at
+any size, so the dataset's computed `edit_mask` (builder/masks.py) can be scored against it (bench/bench_masks.py,
+the demo test).
 """
 
 from __future__ import annotations
 
-import base64
-import io
-
 import numpy as np
-from PIL import Image
+
+from ...raster import decode_mask
 
 DRAWN_LEVELS = 4.0  # grey levels: a change below this is invisible against JPEG noise and film grain
 DETAILS_KEY = "drawn_mask"
@@ -25,16 +24,9 @@ def drawn_mask(ops, canvas) -> np.ndarray:
     return (painted + blended) >= DRAWN_LEVELS
 
 
-def encode(mask: np.ndarray) -> str:
-    buffer = io.BytesIO()
-    Image.fromarray(np.asarray(mask, bool)).convert("1").save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
 def read_drawn_mask(details: dict | None, size: tuple[int, int]) -> np.ndarray | None:
     """The recorded truth of an edit's details at `size` = (width, height), or None when it has none."""
     text = (details or {}).get(DETAILS_KEY)
     if not text:
         return None
-    with Image.open(io.BytesIO(base64.b64decode(text))) as im:
-        return np.asarray(im.convert("L").resize(tuple(size), Image.NEAREST)) > 127
+    return decode_mask(text, size)

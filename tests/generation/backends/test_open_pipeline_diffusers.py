@@ -177,5 +177,8 @@ def test_the_editor_reports_iou_and_writes_overlays(tiny_pipeline, sources, tmp_
     with Image.open(grounded["overlay"]) as overlay:
         assert overlay.size == (128, 96)
     assert ungrounded["iou"] is None and "no disease word" in ungrounded["reason"]
-    summary = summarise([("Pleural_Effusion", 0.05), ("Pleural_Effusion", 0.5), ("Glaucoma", 0.3)])
-    assert summary["Pleural_Effusion"] == {"n": 2, "mean_iou": 0.275, "mislocalisation_rate": 0.5}
+    summary = summarise([{"disease": "Pleural_Effusion", "iou": 0.05, "roi": "edit_mask"},
+                         {"disease": "Pleural_Effusion", "iou": 0.5, "roi": "region"},
+                         {"disease": "Glaucoma", "iou": None, "roi": None}])  # not scored: left out
+    assert summary == {"Pleural_Effusion": {"n": 2, "mean_iou": 0.275, "mislocalisation_rate": 0.5,
+                                            "roi": {"edit_mask": 1, "region": 1}}}

@@ -168,7 +168,7 @@ def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake,
     from medbanana.cli import main
     from medbanana.dpo.tiny import tiny_instruct_pix2pix
     from medbanana.generation.rundir import layout
-    from medbanana.evaluation.attention import run_samples, summarise
+    from medbanana.evaluation.attention import recorded_attention
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a local server needs no key
     fake.reset()
@@ -193,15 +193,17 @@ def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake,
     assert {c.authorization for c in fake.calls} == {"Bearer not-needed"}
     edits = [p for p in run_dir.rglob("*.jp*g")]
     assert len(edits) >= 3 and all(decode_rgb(p.read_bytes()).std() > 0 for p in edits)
-    samples = run_samples(run_dir)  # the simulator writer names the disease, so each edit has an IoU
-    assert len(samples) == len(edits) and {d for d, _ in samples} == {"Pneumothorax"}
-    assert summarise(samples)["Pneumothorax"]["n"] == len(edits)
+    recorded = recorded_attention([run_dir])  # the simulator writer names the disease, so each edit has an IoU
+    assert len(recorded) == len(edits) and {r["disease"] for r in recorded.values()} == {"Pneumothorax"}
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--source-images", str(tiny_sources), "--out", str(tmp_path / "eval"),
                  "--all-attempts", "--judge", "none",
                  "--attention", "-q"]) == 0
     assert "attention Pneumothorax: n " in capsys.readouterr().out
-    assert json.loads((tmp_path / "eval" / "attention.json").read_text()) == summarise(samples)
+    report = json.loads((tmp_path / "eval" / "attention.json").read_text())
+    assert {r["id"] for r in report["samples"]} == set(recorded)  # a run's edit mask is computed from its edits
+    assert report["by_disease"]["Pneumothorax"] == {**report["by_disease"]["Pneumothorax"], "n": len(edits),
+                                                    "roi": {"edit_mask": len(edits)}}
 
 
 def test_an_openai_role_without_a_model_is_one_clear_error(tiny_sources, tmp_path, capsys):
