@@ -8,6 +8,7 @@ import io
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -85,12 +86,31 @@ def test_the_editor_records_its_attention_mask_at_the_source_size(attention_run,
         assert grounding["roi"] == "region" and grounding["iou"] == round(iou(mask, roi), 4)
 
 
+def half_edit_masks(config_dir) -> None:
+    """Every row's edit_mask made its left half. The tiny random pipeline changes the whole image, which the
+    build's noise estimate leaves as an empty edit_mask; against an empty mask every IoU is 0 and proves nothing."""
+    for path in sorted(config_dir.rglob("*.parquet")):
+        table = pq.read_table(path)
+        masks = []
+        for row in table.to_pylist():
+            height, width = column_mask(row, "edit_mask").shape
+            half = np.zeros((height, width), np.uint8)
+            half[:, : width // 2] = 255
+            buffer = io.BytesIO()
+            Image.fromarray(half).save(buffer, "PNG")
+            masks.append({"bytes": buffer.getvalue(), "path": None})
+        index = table.schema.get_field_index("edit_mask")
+        field = table.schema.field(index)
+        pq.write_table(table.set_column(index, field, pa.array(masks, type=field.type)), path)
+
+
 def test_eval_scores_the_recorded_mask_against_the_datasets_edit_mask(attention_run, chest_sources, tmp_path,
                                                                       capsys):
     dataset = tmp_path / "dataset"
     assert main(["build", str(attention_run), "--out", str(dataset), "--source-images", str(chest_sources),
                  "-q"]) == 0
     capsys.readouterr()
+    half_edit_masks(dataset / "judge")
     out = tmp_path / "eval"
     assert main(["eval", str(dataset), "--config", "judge", "--attention-run", str(attention_run), "--out", str(out),
                  "--judge", "none", "--no-lpips", "-q"]) == 0
@@ -107,7 +127,9 @@ def test_eval_scores_the_recorded_mask_against_the_datasets_edit_mask(attention_
         attention = decode_mask(rounds[f"{row['uid']}#{row['round']}"]["attention"][MASK_KEY])
         assert 0 < attention.sum() < attention.size
         record = by_id[f"{row['uid']}#{row['round']}"]
-        assert record["roi"] == "edit_mask" and record["iou"] == by_hand(attention, column_mask(row, "edit_mask"))
+        edit = column_mask(row, "edit_mask")
+        assert 0 < edit.sum() < edit.size  # a partial mask: an IoU computed against anything else would differ
+        assert record["roi"] == "edit_mask" and record["iou"] == by_hand(attention, edit)
 
     # --roi region: the same masks against the task's region (the dataset's region_mask), said so
     out = tmp_path / "eval-region"
