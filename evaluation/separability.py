@@ -229,9 +229,15 @@ def _embedded(refs: list[ImageRef], digests: list[str | None], settings: Feature
 
 # ---------------------------------------------------------------- the probe over an input
 
-def _half(group: str) -> int:
-    """A fixed pseudo-random half for the real-vs-real split (the same on every run)."""
-    return hashlib.sha1(group.encode()).digest()[0] & 1
+def _halves(groups: list[str], seed: int = 0) -> np.ndarray:
+    """The real-vs-real split: 0/1 per image, whole groups on one side, half of the groups each side. A seeded
+    permutation of the groups in their order of appearance, so the split is the same on every machine (a hash of
+    the group key would change with the folder the images sit in)."""
+    order = list(dict.fromkeys(groups))
+    side = np.zeros(len(order), int)
+    side[np.random.default_rng(seed).permutation(len(order))[:len(order) // 2]] = 1
+    index = {group: i for i, group in enumerate(order)}
+    return np.array([side[index[group]] for group in groups], int)
 
 
 def run_separability(samples: Iterable[Sample], *, settings: FeatureSettings | None = None,
@@ -289,7 +295,7 @@ def _comparisons(kept: list[tuple[ProbeImage, tuple]]):
                        np.array([0] * len(real) + [1] * len(edits)))
     for modality in sorted({m for m, _ in keys}):
         real = [(image, r) for image, r in kept if image.modality == modality and image.role == "real"]
-        halves = np.array([_half(image.group) for image, _ in real])
+        halves = _halves([image.group for image, _ in real])
         if len(real) >= 4 and 0 < halves.sum() < len(real):
             yield (_row(modality, "all", "real vs real", [m for m, h in zip(real, halves) if not h],
                         [m for m, h in zip(real, halves) if h]), real, halves)
