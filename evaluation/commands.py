@@ -117,6 +117,9 @@ def _add_probe_options(p) -> None:
                         "transformers image-classification checkpoint folder / Hub id with id2label; reports the "
                         "change of the target finding's probability, the share crossing --threshold and the change "
                         "of the other findings per disease and direction. Writes counterfactual.{md,csv,json,png}")
+    g.add_argument("--classifier-weights", type=Path, metavar="FILE",
+                   help="torchxrayvision weights file to use instead of ~/.torchxrayvision/models_data/ (README: "
+                        "Probes, offline machines)")
     g.add_argument("--threshold", type=float, default=0.5, metavar="P",
                    help="probability threshold for the crossing share (default 0.5)")
 
@@ -177,10 +180,9 @@ def _probe_prerequisites(args) -> tuple:
     classifier = embedder = None
     if args.probe_features and not args.separability:
         raise ValueError("--probe-features applies to --separability")
+    if args.classifier_weights and not args.classifier:
+        raise ValueError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS")
     if args.separability:
-        from .separability import require_sklearn
-
-        require_sklearn()
         if args.probe_size < 32 or not 1 <= args.probe_quality <= 100:
             raise ValueError("--probe-size is at least 32 and --probe-quality between 1 and 100")
         if args.probe_features:
@@ -192,7 +194,7 @@ def _probe_prerequisites(args) -> tuple:
             raise ValueError(f"--threshold is a probability between 0 and 1, not {args.threshold}")
         from .classifiers import load_classifier
 
-        classifier = load_classifier(args.classifier)
+        classifier = load_classifier(args.classifier, args.classifier_weights)
     return classifier, embedder
 
 
