@@ -103,8 +103,11 @@ def _add_probe_options(p) -> None:
                         "Each image's features are appended to OUT/medbanana-cache/probe-features/ as they are "
                         "computed (keyed by the image's bytes and the feature settings): rerun the same command "
                         "after an interruption and only the missing ones are computed")
-    g.add_argument("--probe-size", type=int, default=256, metavar="PX",
-                   help="analysis size of the separability features and of the controlled re-encoding (default 256)")
+    g.add_argument("--probe-size", type=int, default=256, metavar="PX",  # probe_features.PROBE_SIZE
+                   help="pixels a side of each view the separability features measure (default 256)")
+    g.add_argument("--probe-detail", type=int, default=1024, metavar="PX",  # probe_features.PROBE_DETAIL
+                   help="also measure a --probe-size crop of the image's centre brought to PX² (the fine detail a "
+                        "blur or resampling editor leaves; sees resolution too); 0 = whole image only (default 1024)")
     g.add_argument("--probe-quality", type=int, default=90, metavar="Q",
                    help="JPEG quality of the controlled re-encoding (default 90)")
     g.add_argument("--probe-workers", type=int, metavar="N", help="feature worker processes (default: all cores)")
@@ -185,6 +188,8 @@ def _probe_prerequisites(args) -> tuple:
     if args.separability:
         if args.probe_size < 32 or not 1 <= args.probe_quality <= 100:
             raise ValueError("--probe-size is at least 32 and --probe-quality between 1 and 100")
+        if args.probe_detail and args.probe_detail < args.probe_size:
+            raise ValueError(f"--probe-detail is 0 (none) or at least --probe-size ({args.probe_size})")
         if args.probe_features:
             from .probe_embeddings import load_embedder
 
@@ -222,14 +227,16 @@ def _run_probes(args, make_samples, classifier, embedder) -> None:
                         bar.set_postfix_str(f"{cache.reused:,} reused from the cache", refresh=False)
 
                 separability = run_separability(limited(), workers=args.probe_workers, embedder=embedder,
-                                                settings=FeatureSettings(args.probe_size, args.probe_quality),
+                                                settings=FeatureSettings(args.probe_size, args.probe_quality,
+                                                                         args.probe_detail),
                                                 progress=progress, cache=cache)
         finally:
             cache.close()
         print(f"separability features: {cache.stored:,} computed, {cache.reused:,} reused from {cache.path}")
         for row in separability["rows"]:
             print(f"separability [{row['features']}] {row['modality']} {row['direction']} {row['comparison']}: "
-                  f"AUROC raw {_fmt(row['auroc_raw'])}, controlled {_fmt(row['auroc_controlled'])} "
+                  f"AUROC raw {_fmt(row['auroc_raw'])} (p {_fmt(row['p_raw'])}), controlled "
+                  f"{_fmt(row['auroc_controlled'])} (p {_fmt(row['p_controlled'])}) "
                   f"({row['real']:,} vs {row['compared']:,} images, {row['sources']:,} sources)")
     if classifier is not None:
         from .counterfactual import run_counterfactual
