@@ -17,10 +17,12 @@ milliseconds on 10,000 images.
 Each side's reach is the draws' 2.5 or 97.5 percentile measured from their median, laid around the estimate (a
 draw holds about 63 % distinct groups and fits a weaker model, which shifts the draws, not their spread): the
 estimate always lies inside. Near 0.5 those draws overstate the spread (a draw treats the sample's own chance
-difference between the classes as real, and refits on it), which would make the interval too wide to exclude 0.5
-often enough; each side is therefore capped by the spread of the permutation AUROCs below, which is the estimate's
-exact spread when nothing separates the classes and wider than its spread when something does (AUROC varies less
-towards 1). bench/bench_probe_calibration.py measures the result on real images split at random.
+difference between the classes as real, and refits on it), and by chance the draws can also fall narrow. The
+permutation AUROCs below give the estimate's exact spread when nothing separates the classes (and a wider one than
+its spread when something does: AUROC varies less towards 1), so each side is bounded by that null's reach, and the
+side towards 0.5 reaches 0.5 unless the estimate lies outside the null's central 95 %: the interval excludes 0.5
+exactly when a two-sided 5 % permutation test rejects. bench/bench_probe_calibration.py measures the result on
+real images split at random.
 
 **The p-value** answers "separable at all?": labels are permuted `PERMUTATIONS` times the way the design allows under
 no difference (shuffled inside each group, and whole groups' label counts exchanged between groups of one size),
@@ -150,9 +152,15 @@ def probe(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, *, folds
     estimate = float(values[0])
     p_value = float((1 + np.sum(values[1:] >= estimate - 1e-12)) / (1 + permutations)) if permutations else None
     below, above = refit_interval(features, labels, groups, fold, estimate, draws=bootstrap, seed=seed)
-    if permutations >= 39:  # enough for 2.5 % tails: the null's spread bounds each side (module docstring)
-        null_low, null_high = np.percentile(values[1:], [2.5, 97.5])
-        below, above = min(below, max(0.0, null_high - 0.5)), min(above, max(0.0, 0.5 - null_low))
+    if permutations >= 39:  # enough for 2.5 % tails: the interval agrees with the null (module docstring)
+        # outside [null_low, null_high] exactly when a one-sided p (either side) is at most 2.5 %
+        tail, null = int(0.025 * (permutations + 1)), np.sort(values[1:])
+        null_low, null_high = null[tail - 1], null[permutations - tail]
+        null_below, null_above = max(0.0, null_high - 0.5), max(0.0, 0.5 - null_low)
+        # the side towards 0.5 reaches it unless the null is rejected there, and never beyond the null's reach
+        toward_up, toward_down = estimate >= 0.5, estimate < 0.5
+        below = max(below, null_below) if toward_up and estimate <= null_high else min(below, null_below)
+        above = max(above, null_above) if toward_down and estimate >= null_low else min(above, null_above)
     low, high = max(0.0, estimate - below), min(1.0, estimate + above)
     return ProbeResult(estimate, low, high, p_value, 1 / (1 + np.exp(-np.clip(scores[:, 0], -50, 50))))
 

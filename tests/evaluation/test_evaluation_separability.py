@@ -105,6 +105,22 @@ def test_a_weak_difference_is_found_and_its_estimate_lies_in_its_interval():
     assert ((0 < result.scores) & (result.scores < 1)).all()
 
 
+def test_the_interval_excludes_one_half_exactly_when_the_permutation_test_rejects():
+    """From nothing to find to a clear difference: the interval lies above 0.5 when, and only when, p is in the
+    permutation null's top 2.5 % (p <= 5/200 with 199 relabellings), and always holds its estimate."""
+    rng = np.random.default_rng(6)
+    labels, groups = np.tile([0, 1], 40), np.repeat(np.arange(40), 2)
+    seen = set()
+    for shift in np.repeat([0.0, 0.3, 0.5, 0.8], 8):
+        features = rng.normal(size=(80, 6))
+        features[labels == 1, 0] += shift
+        result = probe(features, labels, groups, bootstrap=30, permutations=199, seed=int(rng.integers(1000)))
+        assert result.low <= result.auroc <= result.high
+        assert (result.low > 0.5) == (result.p_value <= 0.025), (shift, result)
+        seen.add(result.low > 0.5)
+    assert seen == {True, False}
+
+
 def test_features_have_their_declared_length_and_see_jpeg_tables():
     array = scan(3, 128)
     settings = FeatureSettings(size=64, quality=90, detail=0)
