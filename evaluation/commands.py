@@ -94,10 +94,11 @@ def _add_input_options(p, default_config: str = "sft") -> None:
 
 
 def _add_probe_options(p) -> None:
-    g = p.add_argument_group("realism and counterfactual probes (pip install 'medbanana[probes]'; README: Probes)")
+    g = p.add_argument_group("realism and counterfactual probes (README: Probes)")
     g.add_argument("--separability", action="store_true",
-                   help="can a logistic regression on weight-free forensics features tell real sources from edits? "
-                        "AUROC (0.5 = indistinguishable) with a 95%% interval, grouped k-fold by source image, "
+                   help="can a linear probe on weight-free forensics features tell real sources from edits? "
+                        "AUROC (0.5 = indistinguishable) with a 95%% interval and a permutation p-value, grouped "
+                        "k-fold by source image, "
                         "raw and controlled (both sides re-encoded alike), per modality and direction; with "
                         "--all-attempts rejected edits get their own rows. Writes separability.{md,csv,json,png}. "
                         "Each image's features are appended to OUT/medbanana-cache/probe-features/ as they are "
