@@ -3,8 +3,8 @@
 Makes N synthetic 1024² JPEG images (N/2 "sources", N/2 "edits" with a bright blob, re-encoded at another quality)
 in a folder (kept for reuse with --images), then times `run_separability` as `eval --separability` runs it —
 feature extraction in worker processes (JPEG draft-mode decoding), each image's features appended to a fresh feature
-cache (so nothing is reused), grouped 5-fold logistic regression, 1,000-sample grouped bootstrap, raw and
-controlled — and prints the figures.
+cache (so nothing is reused), the grouped 5-fold probe with its refit bootstrap and permutation test
+(probe_statistics), raw and controlled — and prints the figures.
 
     .venv/bin/python bench/bench_probes.py --n 10000 --workers 2
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from medbanana.evaluation.inputs import Sample
 from medbanana.evaluation.probe_cache import CACHE_NAME, FeatureCache
-from medbanana.evaluation.probe_features import FeatureSettings
+from medbanana.evaluation.probe_features import PROBE_DETAIL, PROBE_SIZE, FeatureSettings
 from medbanana.evaluation.separability import run_separability
 from PIL import Image
 
@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=10_000, help="images in all (half sources, half edits)")
     parser.add_argument("--size", type=int, default=1024, help="image side in pixels (default 1024)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--probe-size", type=int, default=256, help="analysis size (default 256, the CLI's)")
+    parser.add_argument("--probe-size", type=int, default=PROBE_SIZE, help=f"view size (default {PROBE_SIZE})")
+    parser.add_argument("--probe-detail", type=int, default=PROBE_DETAIL,
+                        help=f"detail view scale (default {PROBE_DETAIL}; 0: none)")
     parser.add_argument("--images", type=Path, help="folder for the images (made if missing; default: a temp dir)")
     args = parser.parse_args()
     folder = args.images or Path(tempfile.mkdtemp(prefix="bench-probes-"))
@@ -63,8 +65,8 @@ def main() -> None:
                       edited=folder / f"edit-{i}.jpg") for i in range(pairs)]
     cache = FeatureCache(Path(tempfile.mkdtemp(prefix="bench-probes-cache-")) / CACHE_NAME)
     start = time.perf_counter()
-    result = run_separability(samples, settings=FeatureSettings(size=args.probe_size), workers=args.workers,
-                              cache=cache)
+    result = run_separability(samples, settings=FeatureSettings(size=args.probe_size, detail=args.probe_detail),
+                              workers=args.workers, cache=cache)
     seconds = time.perf_counter() - start
     cache.close()
     shutil.rmtree(cache.path.parent)
@@ -72,7 +74,8 @@ def main() -> None:
     print(f"separability probe: {images:,} images of {args.size}² in {seconds:.1f} s with {args.workers} workers "
           f"({1000 * seconds / images:.1f} ms per image; target < 180 s for 10,000)")
     for row in result["rows"]:
-        print(f"  {row['comparison']}: AUROC raw {row['auroc_raw']:.3f}, controlled {row['auroc_controlled']:.3f}")
+        print(f"  {row['comparison']}: AUROC raw {row['auroc_raw']:.3f} (p {row['p_raw']:.3f}), controlled "
+              f"{row['auroc_controlled']:.3f} (p {row['p_controlled']:.3f})")
 
 
 if __name__ == "__main__":

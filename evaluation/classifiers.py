@@ -3,12 +3,16 @@
 SPEC is either
 
 * ``torchxrayvision:WEIGHTS`` — a chest X-ray model of the torchxrayvision package (e.g.
-  ``densenet121-res224-all``, ``resnet50-res512-all``; the package downloads the weights on first use). Its
-  pathology names are mapped to the taxonomy's CheXpert-style labels (`XRV_TO_TAXONOMY`); outputs with no
-  counterpart (Infiltration, Emphysema, Fibrosis, Nodule, Mass, Hernia) are not used.
+  ``densenet121-res224-all``, ``resnet50-res512-all``). The weights file is the one torchxrayvision keeps in its
+  cache folder (`xrv_weights_path`: ``~/.torchxrayvision/models_data/`` and the release file's name), or the file
+  given as `weights_file` (``--classifier-weights``). A missing file is fetched with a short timeout, never under
+  ``HF_HUB_OFFLINE=1``; when that fails the error is one line naming the file expected and its URL. Its pathology
+  names are mapped to the taxonomy's CheXpert-style labels (`XRV_TO_TAXONOMY`); outputs with no counterpart
+  (Infiltration, Emphysema, Fibrosis, Nodule, Mass, Hernia) are not used.
 * a folder holding a transformers image-classification checkpoint (``config.json`` with ``id2label``, weights and
-  preferably a ``preprocessor_config.json``), or a Hub id: any modality. Labels are matched to the taxonomy by
-  name (``medbanana taxonomy``); unmatched labels are kept under their own name and never a target.
+  preferably a ``preprocessor_config.json``), or a Hub id (from the local cache only under ``HF_HUB_OFFLINE=1``):
+  any modality. Labels are matched to the taxonomy by name (``medbanana taxonomy``); unmatched labels are kept
+  under their own name and never a target.
 
 A classifier answers `predict(images)` with one probability per label and image: sigmoid outputs for
 multi-label models (torchxrayvision, and checkpoints whose ``problem_type`` is multi-label), softmax otherwise.
@@ -16,12 +20,16 @@ multi-label models (torchxrayvision, and checkpoints whose ``problem_type`` is m
 
 from __future__ import annotations
 
+import os
+import tempfile
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from ..generation.backends.diffusers_editor import hub_offline
 from ..generation.extras import require
 from ..generation.taxonomy import load_taxonomy
 
@@ -32,6 +40,7 @@ XRV_TO_TAXONOMY = {
     "Pleural_Thickening": "Pleural_Other", "Pneumonia": "Pneumonia", "Pneumothorax": "Pneumothorax",
 }
 BATCH = 16
+DOWNLOAD_TIMEOUT = 10  # seconds without an answer before a weights download gives up
 
 
 def require_torch(extra: str):
@@ -54,28 +63,72 @@ class Classifier:
         return self.labels.index(disease) if disease in self.labels else None
 
 
-def load_classifier(spec: str) -> Classifier:
-    """The classifier a `--classifier` value names (see the module docstring); one-line errors for bad values."""
+def load_classifier(spec: str, weights_file: Path | None = None) -> Classifier:
+    """The classifier a `--classifier` value names (see the module docstring); one-line errors for bad values.
+    `weights_file` (``--classifier-weights``) replaces the cached torchxrayvision weights."""
     if spec.startswith("torchxrayvision:"):
-        weights = spec.split(":", 1)[1]
-        if not weights:
-            raise ValueError("--classifier torchxrayvision:WEIGHTS needs the weights' name, e.g. "
-                             "torchxrayvision:densenet121-res224-all")
-        xrv = require("torchxrayvision", needed_for="--classifier torchxrayvision:...", extra="probes-xray")
-        if weights not in xrv.models.model_urls:
-            raise ValueError(f"--classifier {spec}: unknown torchxrayvision weights; one of "
-                             f"{', '.join(sorted(xrv.models.model_urls))}")
-        try:
-            kind = xrv.models.ResNet if weights.startswith("resnet") else xrv.models.DenseNet  # "all" = densenet
-            model = kind(weights=weights)
-        except Exception as exc:  # noqa: BLE001 — a failed download or a corrupt cache file: one line, not a trace
-            raise RuntimeError(f"--classifier {spec}: could not load the weights "
-                               f"({type(exc).__name__}: {exc})") from exc
-        return xrv_classifier(model, name=spec)
+        return _torchxrayvision(spec, spec.split(":", 1)[1], weights_file)
+    if weights_file is not None:
+        raise ValueError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS (a checkpoint folder "
+                         "holds its own weights)")
     if Path(spec).exists() and not (Path(spec) / "config.json").is_file():
         raise ValueError(f"--classifier {spec}: no config.json there (expected a transformers image-classification "
                          "checkpoint folder, or torchxrayvision:WEIGHTS)")
     return transformers_classifier(spec)
+
+
+def xrv_weights_path(weights: str) -> tuple[Path, str]:
+    """(the file torchxrayvision loads for `weights`, the URL it comes from): its cache folder and the release
+    file's own name, as the package's `get_weights` names them."""
+    import torchxrayvision as xrv
+
+    url = xrv.models.model_urls[weights]["weights_url"]
+    return Path(xrv.utils.get_cache_dir()).expanduser() / url.rsplit("/", 1)[-1], url
+
+
+def _torchxrayvision(spec: str, weights: str, weights_file: Path | None) -> Classifier:
+    if not weights:
+        raise ValueError("--classifier torchxrayvision:WEIGHTS needs the weights' name, e.g. "
+                         "torchxrayvision:densenet121-res224-all")
+    xrv = require("torchxrayvision", needed_for="--classifier torchxrayvision:...", extra="probes-xray")
+    if weights not in xrv.models.model_urls:
+        raise ValueError(f"--classifier {spec}: unknown torchxrayvision weights; one of "
+                         f"{', '.join(sorted(xrv.models.model_urls))}")
+    expected, url = xrv_weights_path(weights)
+    kind = xrv.models.ResNet if weights.startswith("resnet") else xrv.models.DenseNet  # "all" = densenet
+    with tempfile.TemporaryDirectory(prefix="medbanana-xrv-") as scratch:
+        if weights_file is not None:  # torchxrayvision reads CACHE_DIR/<release name>: a link of that name to it
+            if not Path(weights_file).is_file():
+                raise FileNotFoundError(f"--classifier-weights {weights_file}: no such file")
+            expected = Path(scratch) / expected.name
+            expected.symlink_to(Path(weights_file).resolve())
+        elif not expected.is_file():
+            _fetch(url, expected, spec)
+        try:
+            model = kind(weights=weights, cache_dir=str(expected.parent))
+        except Exception as exc:  # noqa: BLE001 — a corrupt or foreign file: one line, not a trace
+            raise RuntimeError(f"--classifier {spec}: could not load the weights file "
+                               f"{weights_file or expected} ({type(exc).__name__}: {exc})") from exc
+    return xrv_classifier(model, name=spec)
+
+
+def _fetch(url: str, target: Path, spec: str) -> None:
+    """Download `url` to `target` (through a temp file: a broken download leaves nothing), or one line naming
+    the file expected: offline (HF_HUB_OFFLINE=1) no connection is tried at all."""
+    hint = (f"--classifier {spec}: weights file {target} not found; on a machine with internet access download "
+            f"{url} and copy it there, or pass it with --classifier-weights FILE")
+    if hub_offline():
+        raise FileNotFoundError(hint + " (HF_HUB_OFFLINE is set: nothing downloaded)")
+    partial = target.with_name(target.name + ".part")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as answer, partial.open("wb") as fh:
+            while chunk := answer.read(1 << 20):
+                fh.write(chunk)
+        os.replace(partial, target)
+    except OSError as exc:  # no network, a refused or timed-out connection, a read-only cache folder
+        partial.unlink(missing_ok=True)
+        raise FileNotFoundError(f"{hint} (download failed: {type(exc).__name__}: {exc})") from None
 
 
 def xrv_classifier(model, *, name: str = "torchxrayvision") -> Classifier:
@@ -118,17 +171,22 @@ def transformers_classifier(path_or_id: str) -> Classifier:
     torch = require_torch("train")
     from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 
+    offline = hub_offline() or Path(path_or_id).is_dir()  # offline: the local cache only, no connection tried
     try:
-        config = AutoConfig.from_pretrained(path_or_id)
-    except OSError as exc:  # not a folder, and not a Hub id this machine can fetch
-        raise RuntimeError(f"--classifier {path_or_id}: not a checkpoint folder or a reachable Hub id ({exc})") from exc
+        config = AutoConfig.from_pretrained(path_or_id, local_files_only=offline)
+    except (OSError, ValueError) as exc:  # not a folder, and not a Hub id this machine has or can fetch
+        where = ("HF_HUB_OFFLINE is set: only the local Hugging Face cache was searched" if hub_offline() else
+                 "it could not be downloaded either")
+        first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(f"--classifier {path_or_id}: not a checkpoint folder or a Hub id present locally ({where}; "
+                           f"fetch it on a connected machine with `hf download {path_or_id}`): {first_line}") from None
     id2label = {int(k): v for k, v in (getattr(config, "id2label", None) or {}).items()}
     if not id2label:
         raise ValueError(f"--classifier {path_or_id}: its config has no id2label mapping")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForImageClassification.from_pretrained(path_or_id).to(device).eval()
+    model = AutoModelForImageClassification.from_pretrained(path_or_id, local_files_only=offline).to(device).eval()
     try:
-        processor = AutoImageProcessor.from_pretrained(path_or_id)
+        processor = AutoImageProcessor.from_pretrained(path_or_id, local_files_only=offline)
     except (OSError, ValueError):
         processor = None  # no preprocessor saved: resize to the model's size, scale to [-1, 1]
     size = getattr(config, "image_size", 224)

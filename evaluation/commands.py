@@ -101,17 +101,21 @@ def _add_input_options(p, default_config: str = "sft") -> None:
 
 
 def _add_probe_options(p) -> None:
-    g = p.add_argument_group("realism and counterfactual probes (pip install 'medbanana[probes]'; README: Probes)")
+    g = p.add_argument_group("realism and counterfactual probes (README: Probes)")
     g.add_argument("--separability", action="store_true",
-                   help="can a logistic regression on weight-free forensics features tell real sources from edits? "
-                        "AUROC (0.5 = indistinguishable) with a 95%% interval, grouped k-fold by source image, "
+                   help="can a linear probe on weight-free forensics features tell real sources from edits? "
+                        "AUROC (0.5 = indistinguishable) with a 95%% interval and a permutation p-value, grouped "
+                        "k-fold by source image, "
                         "raw and controlled (both sides re-encoded alike), per modality and direction; with "
                         "--all-attempts rejected edits get their own rows. Writes separability.{md,csv,json,png}. "
                         "Each image's features are appended to OUT/medbanana-cache/probe-features/ as they are "
                         "computed (keyed by the image's bytes and the feature settings): rerun the same command "
                         "after an interruption and only the missing ones are computed")
-    g.add_argument("--probe-size", type=int, default=256, metavar="PX",
-                   help="analysis size of the separability features and of the controlled re-encoding (default 256)")
+    g.add_argument("--probe-size", type=int, default=256, metavar="PX",  # probe_features.PROBE_SIZE
+                   help="pixels a side of each view the separability features measure (default 256)")
+    g.add_argument("--probe-detail", type=int, default=1024, metavar="PX",  # probe_features.PROBE_DETAIL
+                   help="also measure a --probe-size crop of the image's centre brought to PX² (the fine detail a "
+                        "blur or resampling editor leaves; sees resolution too); 0 = whole image only (default 1024)")
     g.add_argument("--probe-quality", type=int, default=90, metavar="Q",
                    help="JPEG quality of the controlled re-encoding (default 90)")
     g.add_argument("--probe-workers", type=int, metavar="N", help="feature worker processes (default: all cores)")
@@ -124,6 +128,9 @@ def _add_probe_options(p) -> None:
                         "transformers image-classification checkpoint folder / Hub id with id2label; reports the "
                         "change of the target finding's probability, the share crossing --threshold and the change "
                         "of the other findings per disease and direction. Writes counterfactual.{md,csv,json,png}")
+    g.add_argument("--classifier-weights", type=Path, metavar="FILE",
+                   help="torchxrayvision weights file to use instead of ~/.torchxrayvision/models_data/ (README: "
+                        "Probes, offline machines)")
     g.add_argument("--threshold", type=float, default=0.5, metavar="P",
                    help="probability threshold for the crossing share (default 0.5)")
 
@@ -186,12 +193,13 @@ def _probe_prerequisites(args) -> tuple:
     classifier = embedder = None
     if args.probe_features and not args.separability:
         raise ValueError("--probe-features applies to --separability")
+    if args.classifier_weights and not args.classifier:
+        raise ValueError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS")
     if args.separability:
-        from .separability import require_sklearn
-
-        require_sklearn()
         if args.probe_size < 32 or not 1 <= args.probe_quality <= 100:
             raise ValueError("--probe-size is at least 32 and --probe-quality between 1 and 100")
+        if args.probe_detail and args.probe_detail < args.probe_size:
+            raise ValueError(f"--probe-detail is 0 (none) or at least --probe-size ({args.probe_size})")
         if args.probe_features:
             from .probe_embeddings import load_embedder
 
@@ -201,7 +209,7 @@ def _probe_prerequisites(args) -> tuple:
             raise ValueError(f"--threshold is a probability between 0 and 1, not {args.threshold}")
         from .classifiers import load_classifier
 
-        classifier = load_classifier(args.classifier)
+        classifier = load_classifier(args.classifier, args.classifier_weights)
     return classifier, embedder
 
 
@@ -229,14 +237,16 @@ def _run_probes(args, make_samples, classifier, embedder) -> None:
                         bar.set_postfix_str(f"{cache.reused:,} reused from the cache", refresh=False)
 
                 separability = run_separability(limited(), workers=args.probe_workers, embedder=embedder,
-                                                settings=FeatureSettings(args.probe_size, args.probe_quality),
+                                                settings=FeatureSettings(args.probe_size, args.probe_quality,
+                                                                         args.probe_detail),
                                                 progress=progress, cache=cache)
         finally:
             cache.close()
         print(f"separability features: {cache.stored:,} computed, {cache.reused:,} reused from {cache.path}")
         for row in separability["rows"]:
             print(f"separability [{row['features']}] {row['modality']} {row['direction']} {row['comparison']}: "
-                  f"AUROC raw {_fmt(row['auroc_raw'])}, controlled {_fmt(row['auroc_controlled'])} "
+                  f"AUROC raw {_fmt(row['auroc_raw'])} (p {_fmt(row['p_raw'])}), controlled "
+                  f"{_fmt(row['auroc_controlled'])} (p {_fmt(row['p_controlled'])}) "
                   f"({row['real']:,} vs {row['compared']:,} images, {row['sources']:,} sources)")
     if classifier is not None:
         from .counterfactual import run_counterfactual

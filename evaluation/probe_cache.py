@@ -30,8 +30,10 @@ def content_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def feature_key(digest: str, feature_set: str, version: int, size: int, quality: int) -> str:
+def feature_key(digest: str, feature_set: str, version: int, size: int, quality: int, detail: int = 0) -> str:
     fields = {"image": digest, "features": feature_set, "version": version, "size": size, "quality": quality}
+    if detail:  # the weight-free features' detail view (probe_features)
+        fields["detail"] = detail
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 

@@ -4,19 +4,25 @@ Each image gives two fixed-length vectors:
 
 * **raw**: the file as stored — its size, bits per pixel, colour spread and JPEG quantisation tables (the traces a
   pipeline leaves: an editor returns 1024² JPEGs at quality 95 while sources are 2048² quality 75, say) — plus the
-  pixel statistics below, computed on the image brought to the analysis size;
+  pixel statistics below, computed on each view of the image;
 * **controlled**: the same pixel statistics after both real and edited images went through one identical
-  pipeline (grey, resized to `size`², re-encoded as JPEG at `quality`), so size, format and final compression
-  cannot separate them; what is left is content and the image's earlier history.
+  pipeline (grey, each view re-encoded as JPEG at `quality`), so format and final compression cannot separate
+  them; what is left is content and the image's earlier history.
+
+Two views, both `size`² pixels: the whole image brought to `size`², and (unless `detail` is 0) the centre of the
+image brought to `detail`² — fine detail that the whole view's downscale discards, where a blur or a resampling
+editor leaves its trace (bench/bench_probe_power.py: at 256² alone a 2x down-up resample of brain MRI is close to
+invisible). Both sides go through the same resizes, but the detail view, near the stored resolution, sees
+resolution and fine traces of each file's own JPEG coding: edits returned smaller than their sources, or as JPEG
+next to PNG sources, differ there for that reason alone (`--probe-detail 0` leaves it out).
 
 Pixel statistics: intensity mean / spread; the noise residual (image minus its 3x3 mean) — spread, mean
 absolute value, kurtosis, share of near-zero values; horizontal, vertical and Laplacian high-pass responses —
 log spread and kurtosis; the 8-periodic profile of neighbour differences (JPEG block grid); the radial power
 spectrum in `SPECTRUM_BINS` bands (log power relative to the whole spectrum).
 
-JPEG files are decoded with PIL's draft mode (DCT scaling) straight to about the analysis size: a 1024² file is
-decoded at 512² (or 256²), several times faster than a full decode, which is what lets 10,000 images run in
-minutes (bench/bench_probes.py).
+JPEG files are decoded with PIL's draft mode (DCT scaling) straight to about the largest size needed: without the
+detail view a 1024² file is decoded at 256², several times faster than a full decode (bench/bench_probes.py).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from PIL import Image, JpegImagePlugin
 from scipy import fft as scipy_fft
 from scipy import ndimage
 
-FEATURE_VERSION = 1  # part of the probe cache's key: raise it whenever a change alters any feature's value
+FEATURE_VERSION = 2  # part of the probe cache's key: raise it whenever a change alters any feature's value
 SPECTRUM_BINS = 16
 BLOCK = 8
 FILE_FEATURES = ("log2_width", "log2_height", "bits_per_pixel", "is_jpeg", "colour_spread", "luma_q_mean",
@@ -37,33 +43,52 @@ FILE_FEATURES = ("log2_width", "log2_height", "bits_per_pixel", "is_jpeg", "colo
 PIXEL_FEATURES = ("mean", "std", "residual_std", "residual_abs", "residual_kurtosis", "residual_near_zero",
                   *(f"{f}_{s}" for f in ("dx", "dy", "laplace") for s in ("log_std", "kurtosis")),
                   *(f"grid_{i}" for i in range(BLOCK)), *(f"spectrum_{i}" for i in range(SPECTRUM_BINS)))
-RAW_FEATURES = FILE_FEATURES + PIXEL_FEATURES
-CONTROLLED_FEATURES = PIXEL_FEATURES
+DETAIL_FEATURES = tuple(f"detail_{name}" for name in PIXEL_FEATURES)
+PROBE_SIZE = 256  # the defaults of `eval --probe-size` and `--probe-detail`, chosen by bench_probe_power.py
+PROBE_DETAIL = 1024
 
 
 @dataclass(frozen=True)
 class FeatureSettings:
-    size: int = 512  # analysis size (pixels a side) for both raw and controlled statistics
+    size: int = PROBE_SIZE  # pixels a side of each view, raw and controlled
     quality: int = 90  # JPEG quality of the controlled re-encoding
+    detail: int = PROBE_DETAIL  # the detail view's scale: a size² centre crop of the image at detail² (0: none)
+
+    def __post_init__(self):
+        if self.detail and self.detail < self.size:
+            raise ValueError(f"--probe-detail is 0 (none) or at least --probe-size ({self.size}), not {self.detail}")
+
+    def names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The (raw, controlled) feature names, in vector order."""
+        pixels = PIXEL_FEATURES + (DETAIL_FEATURES if self.detail else ())
+        return FILE_FEATURES + pixels, pixels
 
 
 def image_features(data: bytes, settings: FeatureSettings = FeatureSettings()) -> tuple[np.ndarray, np.ndarray]:
     """(raw, controlled) feature vectors of one encoded image (bytes of any format PIL reads)."""
+    largest = max(settings.size, settings.detail)
     with Image.open(io.BytesIO(data)) as im:
         file_part = _file_features(im, len(data))
         if im.format == "JPEG":
-            im.draft(im.mode if im.mode in ("L", "RGB") else "RGB", (settings.size, settings.size))
+            im.draft(im.mode if im.mode in ("L", "RGB") else "RGB", (largest, largest))
         if im.mode == "L" or _wide_grey(im.mode):  # grey: no colour to measure
             grey = _grey_8bit(im) if _wide_grey(im.mode) else im.convert("L")
         else:
             rgb = np.asarray(im.convert("RGB"))
             file_part[FILE_FEATURES.index("colour_spread")] = _colour_spread(rgb)
             grey = Image.fromarray(rgb).convert("L")
-    if grey.size != (settings.size, settings.size):
-        grey = grey.resize((settings.size, settings.size), Image.Resampling.BILINEAR)
-    raw = np.concatenate([file_part, pixel_statistics(np.asarray(grey, np.float32))])
-    controlled = pixel_statistics(np.asarray(reencoded(grey, settings.quality), np.float32))
+    views = [_resized(grey, settings.size)]
+    if settings.detail:
+        start = (settings.detail - settings.size) // 2
+        views.append(_resized(grey, settings.detail).crop((start, start, start + settings.size, start + settings.size)))
+    raw = np.concatenate([file_part] + [pixel_statistics(np.asarray(view, np.float32)) for view in views])
+    controlled = np.concatenate([pixel_statistics(np.asarray(reencoded(view, settings.quality), np.float32))
+                                 for view in views])
     return raw.astype(np.float32), controlled.astype(np.float32)
+
+
+def _resized(grey: Image.Image, size: int) -> Image.Image:
+    return grey if grey.size == (size, size) else grey.resize((size, size), Image.Resampling.BILINEAR)
 
 
 def reencoded(grey: Image.Image, quality: int) -> Image.Image:

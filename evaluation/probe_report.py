@@ -1,7 +1,7 @@
 """The probes' part of `medbanana eval`'s output: tables (markdown + CSV), JSON, figures (PNG), per-sample columns,
 and the sections appended to report.md.
 
-    separability.{json,md,csv}, separability.png      AUROC raw and controlled, 95 % interval, per group
+    separability.{json,md,csv}, separability.png      AUROC raw and controlled, 95 % interval, p-value, per group
     counterfactual.{json,md,csv}, counterfactual.png  per disease and direction; the figure: distributions of delta
     probe_samples.csv                                 one row per edited image: p_edit_raw, p_edit_controlled,
                                                       p_source, p_edit, delta, crossed, other_change
@@ -17,13 +17,28 @@ from ..builder.tables import Table
 
 FEW_SOURCES = 20
 SEPARABILITY_NOTE = (
-    "Separability: a logistic regression on weight-free forensics features (noise residual, high-pass, block grid, "
-    "radial spectrum; raw adds file size, bits per pixel, colour spread and JPEG quantisation tables) tells real "
-    "source images from edits, grouped {folds}-fold by source image. AUROC 0.5 = indistinguishable, 1.0 = "
-    "perfectly separable; 95 % interval from a bootstrap over source images. *Raw* includes what the pipeline "
-    "leaves (size, format, compression); *controlled* re-encodes both sides identically ({size}² grey, JPEG quality "
-    "{quality}) first, so what remains is content and earlier history. *real vs real* splits the real images at "
-    "random: its AUROC shows chance on the same data.")
+    "Separability: can a linear probe on weight-free forensics features (noise residual, high-pass, block grid, "
+    "radial spectrum; raw adds file size, bits per pixel, colour spread and JPEG quantisation tables) tell real "
+    "source images from edits? It is fitted in {folds}-fold cross-validation grouped by source image: every image is "
+    "scored by a model that never saw its source.\n\n"
+    "- **AUROC**: the chance that the probe ranks a random edit above a random real image. 0.5 = it cannot tell "
+    "them apart, 1.0 = it separates them perfectly.\n"
+    "- **95% CI**: the range of AUROC another sample of as many source images would plausibly give ({bootstrap} "
+    "draws of source images, the probe refitted in each; it excludes 0.5 exactly when a two-sided 5% permutation "
+    "test rejects). It narrows as sources are added.\n"
+    "- **p**: one-sided permutation test, {permutations} relabellings that keep each source with its edits: the "
+    "share whose AUROC reaches the observed one. p < 0.05 = separable beyond chance; the smallest possible p is "
+    "{p_min:.3f}.\n"
+    "- **n**: *real* source images, *compared* edits (in *real vs real*, the other half of the real images), "
+    "*sources* the independent units the interval and p rest on.\n"
+    "- *Raw* includes what the pipeline leaves (size, format, compression). *Controlled* re-encodes both sides "
+    "identically ({size}² grey, JPEG quality {quality}) first: what remains is content and earlier history. "
+    "*Real vs real* splits the real images at random: chance on the same data.\n\n"
+    "What it cannot show: an AUROC near 0.5 or p above 0.05 does not show that edits are realistic, only that this "
+    "probe finds no difference at this n (the interval's upper end is the largest separability not ruled out); a "
+    "learned detector may still separate them. A high AUROC shows the edits differ in something the features "
+    "measure (an added finding is such a difference), not that a reader would call them fake. Rows share their "
+    "real images, so their p-values are not independent tests.")
 COUNTERFACTUAL_NOTE = (
     "Counterfactual validity: classifier `{classifier}` scores source and edit. delta = mean change of the target "
     "finding's probability (add should be > 0, remove < 0); right direction = share of edits whose delta has the "
@@ -33,13 +48,39 @@ COUNTERFACTUAL_NOTE = (
 
 def separability_table(result: dict) -> Table:
     columns = ["features", "modality", "direction", "comparison", "real", "compared", "sources", "AUROC raw",
-               "95% CI raw", "AUROC controlled", "95% CI controlled"]
-    table = Table(columns, formats={"AUROC raw": ".3f", "AUROC controlled": ".3f"})
+               "95% CI raw", "p raw", "AUROC controlled", "95% CI controlled", "p controlled"]
+    table = Table(columns, formats={"AUROC raw": ".3f", "AUROC controlled": ".3f", "p raw": ".3f",
+                                    "p controlled": ".3f"})
     for row in result["rows"]:
         table.rows.append([row["features"], row["modality"], row["direction"], row["comparison"], row["real"],
-                           row["compared"], row["sources"], row["auroc_raw"], _interval(row, "raw"),
-                           row["auroc_controlled"], _interval(row, "controlled")])
+                           row["compared"], row["sources"], row["auroc_raw"], _interval(row, "raw"), row["p_raw"],
+                           row["auroc_controlled"], _interval(row, "controlled"), row["p_controlled"]])
     return table
+
+
+def separability_reading(row: dict) -> str:
+    """One row in words: what its controlled and raw figures say, with p, the interval and n."""
+    def figures(which: str) -> str:
+        p = row[f"p_{which}"]
+        return (f"{which} AUROC {row[f'auroc_{which}']:.3f} (95% CI {_interval(row, which)}, "
+                + ("no permutation test)" if p is None else f"p = {p:.3f})"))
+
+    name = f"{row['features']} {row['modality']} {row['direction']}, {row['comparison']} ({row['sources']:,} sources)"
+    if row["auroc_controlled"] is None or row["p_controlled"] is None:
+        return f"{name}: too few images of one side to probe."
+    found = {which: row[f"p_{which}"] is not None and row[f"p_{which}"] < 0.05 for which in ("raw", "controlled")}
+    if found["controlled"]:
+        verdict = "separable beyond chance even when both sides are re-encoded alike"
+    elif found["raw"]:
+        verdict = ("separable as stored, not once re-encoded alike: what separates them is most likely the "
+                   "pipeline's own traces (size, format, compression)")
+    else:
+        verdict = (f"no difference found at this n; an AUROC up to {row['high_controlled']:.3f} (controlled) is "
+                   "not ruled out")
+    if row["comparison"] == "real vs real" and (found["raw"] or found["controlled"]):
+        verdict += " — for two halves of the same real images this is a chance finding or a split along a real "\
+                   "difference between sources (site, scanner): read the other rows of this modality with care"
+    return f"{name}: {figures('controlled')}, {figures('raw')}: {verdict}."
 
 
 def _interval(row: dict, which: str) -> str | None:
@@ -66,11 +107,14 @@ def write_probe_outputs(out: Path, separability: dict | None, counterfactual: di
         s = separability["settings"]
         sections += _section(out, "separability", "Separability (real vs edited)", separability,
                              separability_table, separability_figure, notes,
-                             SEPARABILITY_NOTE.format(folds=s["folds"], size=s["size"], quality=s["quality"]))
+                             SEPARABILITY_NOTE.format(folds=s["folds"], size=s["size"], quality=s["quality"],
+                                                      bootstrap=s["bootstrap"], permutations=s["permutations"],
+                                                      p_min=1 / (1 + s["permutations"])))
+        sections += [f"- {separability_reading(row)}" for row in separability["rows"]] + [""]
         few = sum(row["sources"] < FEW_SOURCES for row in separability["rows"])
         if few:
-            sections += [(f"{few:,} rows rest on fewer than {FEW_SOURCES} source images: their AUROC is noise more "
-                          "than signal (see the interval, and the real vs real row)."), ""]
+            sections += [(f"{few:,} rows rest on fewer than {FEW_SOURCES} source images: only a large difference "
+                          "can reach p < 0.05 there (see how wide the interval is)."), ""]
         if separability["unreadable"]:
             sections += [f"{len(separability['unreadable']):,} images could not be read and were left out.", ""]
     if counterfactual is not None:

@@ -2,12 +2,12 @@
 
 For each modality and direction (and, when the input holds them, accepted and rejected edits separately) the
 real side is the set of source images those edits started from and the other side the edits. Features come from
-`probe_features` (weight-free forensics statistics, raw and controlled). A standardised logistic regression
-(scikit-learn) is fitted in grouped k-fold cross-validation: a source image and every edit made from it share one
-group, so no source is seen in training and testing. The out-of-fold probabilities give the AUROC; its 95 %
-interval is a percentile bootstrap that resamples whole groups. 0.5 means indistinguishable, 1.0 perfectly
-separable. A real-vs-real row per modality (the real images split in two at random, by group) shows what chance
-looks like on the same data.
+`probe_features` (weight-free forensics statistics, raw and controlled). `probe_statistics` fits a linear probe in
+grouped k-fold cross-validation (a source image and every edit made from it share one group, so no source is seen in
+training and testing): the out-of-fold scores give the AUROC, a group bootstrap that refits every fold its 95 %
+interval, and a grouped permutation test its p-value. 0.5 means indistinguishable, 1.0 perfectly separable. A
+real-vs-real row per modality (the real images split in two at random, by group) shows what chance looks like on
+the same data.
 """
 
 from __future__ import annotations
@@ -17,97 +17,19 @@ import itertools
 import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import rankdata
 
-from ..generation.extras import require
 from .inputs import ImageRef, Sample, image_bytes
 from .probe_cache import FeatureCache, content_digest, feature_key
 from .probe_embeddings import BATCH as EMBED_BATCH
 from .probe_embeddings import EMBEDDING_VERSION
 from .probe_features import FEATURE_VERSION, FeatureSettings, image_features
+from .probe_statistics import BOOTSTRAP, FOLDS, PERMUTATIONS, auroc, probe  # noqa: F401 — auroc: review's too
 
-FOLDS = 5
 CHUNK = 1024  # images whose bytes may be in memory at once
-BOOTSTRAP = 1000
-
-
-def require_sklearn():
-    require("sklearn", needed_for="the separability probe", extra="probes")
-
-
-# ---------------------------------------------------------------- the statistics
-
-def auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    """Area under the ROC curve (Mann-Whitney, ties counted half); None without both classes."""
-    labels = np.asarray(labels).astype(bool)
-    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
-    if not n_pos or not n_neg:
-        return None
-    ranks = rankdata(scores)
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def grouped_bootstrap_interval(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, *,
-                               repeats: int = BOOTSTRAP, seed: int = 0) -> tuple[float | None, float | None]:
-    """95 % percentile interval of the AUROC when whole groups are drawn with replacement."""
-    _, group_index = np.unique(groups, return_inverse=True)
-    members = [np.flatnonzero(group_index == g) for g in range(group_index.max() + 1)]
-    rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(repeats):
-        chosen = np.concatenate([members[g] for g in rng.integers(0, len(members), len(members))])
-        value = auroc(scores[chosen], labels[chosen])
-        if value is not None:
-            values.append(value)
-    if not values:
-        return None, None
-    low, high = np.percentile(values, [2.5, 97.5])
-    return float(low), float(high)
-
-
-def out_of_fold_scores(features: np.ndarray, labels: np.ndarray, groups: np.ndarray,
-                       folds: int = FOLDS) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-    """Probability of label 1 for every row, each from a model that never saw the row's group; and the
-    (train, test) index splits used."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import GroupKFold
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    features = np.nan_to_num(np.asarray(features, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    splits = list(GroupKFold(n_splits=min(folds, len(np.unique(groups)))).split(features, labels, groups))
-    scores = np.full(len(labels), np.nan)
-    for train, test in splits:
-        if len(np.unique(labels[train])) < 2:  # a fold whose training part has one class: no model, chance
-            scores[test] = 0.5
-            continue
-        model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
-        model.fit(features[train], labels[train])
-        scores[test] = model.predict_proba(features[test])[:, 1]
-    return scores, splits
-
-
-@dataclass
-class ProbeResult:
-    auroc: float | None
-    low: float | None
-    high: float | None
-    scores: np.ndarray = field(repr=False)
-
-
-def probe(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, *, folds: int = FOLDS,
-          repeats: int = BOOTSTRAP, seed: int = 0) -> ProbeResult:
-    """Grouped cross-validated AUROC with its grouped-bootstrap 95 % interval."""
-    labels, groups = np.asarray(labels).astype(int), np.asarray(groups)
-    if len(np.unique(groups)) < 2 or len(np.unique(labels)) < 2:
-        return ProbeResult(None, None, None, np.full(len(labels), np.nan))
-    scores, _ = out_of_fold_scores(features, labels, groups, folds)
-    low, high = grouped_bootstrap_interval(scores, labels, groups, repeats=repeats, seed=seed)
-    return ProbeResult(auroc(scores, labels), low, high, scores)
 
 
 # ---------------------------------------------------------------- images from samples
@@ -160,7 +82,7 @@ def _features_of(job: tuple[ImageRef, FeatureSettings]) -> tuple[str | None, str
     try:
         data = image_bytes(ref)
         digest = content_digest(data)
-        key = feature_key(digest, "weight-free", FEATURE_VERSION, settings.size, settings.quality)
+        key = feature_key(digest, "weight-free", FEATURE_VERSION, settings.size, settings.quality, settings.detail)
         return digest, key, None if key in _known_keys else image_features(data, settings)
     except Exception as exc:  # noqa: BLE001 — an unreadable image is left out and counted, the probe goes on
         return digest, key, f"{type(exc).__name__}: {exc}"
@@ -229,18 +151,24 @@ def _embedded(refs: list[ImageRef], digests: list[str | None], settings: Feature
 
 # ---------------------------------------------------------------- the probe over an input
 
-def _half(group: str) -> int:
-    """A fixed pseudo-random half for the real-vs-real split (the same on every run)."""
-    return hashlib.sha1(group.encode()).digest()[0] & 1
+def _halves(groups: list[str], seed: int = 0) -> np.ndarray:
+    """The real-vs-real split: 0/1 per image, whole groups on one side, half of the groups each side. A seeded
+    permutation of the groups in their order of appearance, so the split is the same on every machine (a hash of
+    the group key would change with the folder the images sit in)."""
+    order = list(dict.fromkeys(groups))
+    side = np.zeros(len(order), int)
+    side[np.random.default_rng(seed).permutation(len(order))[:len(order) // 2]] = 1
+    index = {group: i for i, group in enumerate(order)}
+    return np.array([side[index[group]] for group in groups], int)
 
 
 def run_separability(samples: Iterable[Sample], *, settings: FeatureSettings | None = None,
-                     workers: int | None = None, repeats: int = BOOTSTRAP, progress=None, embedder=None,
-                     cache: FeatureCache | None = None) -> dict:
+                     workers: int | None = None, bootstrap: int = BOOTSTRAP, permutations: int = PERMUTATIONS,
+                     progress=None, embedder=None, cache: FeatureCache | None = None) -> dict:
     """Rows per feature set, modality, direction and kind of edit (plus real vs real per modality), and per-image
     scores. `embedder` (probe_embeddings.Embedder) adds rows on pretrained features; `cache` (probe_cache) keeps
-    every image's features, so that a rerun computes only the missing ones."""
-    require_sklearn()
+    every image's features, so that a rerun computes only the missing ones. `bootstrap` refit draws give each
+    AUROC's interval, `permutations` its p-value (probe_statistics)."""
     settings = settings or FeatureSettings()
     images, results = extract_features(collect_images(samples), settings, workers, embedder, progress, cache)
     feature_sets = list(zip(["weight-free"] + ([embedder.name] if embedder is not None else []), results))
@@ -251,7 +179,7 @@ def run_separability(samples: Iterable[Sample], *, settings: FeatureSettings | N
         suffix = "" if name == "weight-free" else "_pretrained"
         for row, members, labels in _comparisons(kept):
             row = {"features": name, **row}
-            scores = _probe_row(members, labels, row, repeats)
+            scores = _probe_row(members, labels, row, bootstrap, permutations)
             rows.append(row)
             if row["comparison"] == "real vs real":
                 continue
@@ -259,19 +187,22 @@ def run_separability(samples: Iterable[Sample], *, settings: FeatureSettings | N
                 entry = per_image.setdefault(image.key, {"id": image.key, "role": image.role,
                                                          "modality": image.modality, "direction": image.direction})
                 entry.update({f"p_edit_raw{suffix}": raw, f"p_edit_controlled{suffix}": controlled})
-    return {"settings": {"size": settings.size, "quality": settings.quality, "folds": FOLDS, "bootstrap": repeats,
-                         "features": [name for name, _ in feature_sets]},
+    return {"settings": {"size": settings.size, "detail": settings.detail, "quality": settings.quality, "folds": FOLDS, "bootstrap": bootstrap,
+                         "permutations": permutations, "features": [name for name, _ in feature_sets]},
             "rows": rows, "images": list(per_image.values()),
             "unreadable": [{"id": key, "error": error} for key, error in unreadable.items()]}
 
 
-def _probe_row(members: list, labels: np.ndarray, row: dict, repeats: int) -> tuple[np.ndarray, np.ndarray]:
-    """Fill `row` with the raw and controlled AUROC and intervals; the out-of-fold scores of both."""
+def _probe_row(members: list, labels: np.ndarray, row: dict, bootstrap: int,
+               permutations: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fill `row` with the raw and controlled AUROC, intervals and p-values; the out-of-fold scores of both."""
     groups = np.array([image.group for image, _ in members])
     scores = []
     for which, index in (("raw", 0), ("controlled", 1)):
-        result = probe(np.stack([r[index] for _, r in members]), labels, groups, repeats=repeats)
-        row.update({f"auroc_{which}": result.auroc, f"low_{which}": result.low, f"high_{which}": result.high})
+        result = probe(np.stack([r[index] for _, r in members]), labels, groups, bootstrap=bootstrap,
+                       permutations=permutations)
+        row.update({f"auroc_{which}": result.auroc, f"low_{which}": result.low, f"high_{which}": result.high,
+                    f"p_{which}": result.p_value})
         scores.append(result.scores)
     return scores[0], scores[1]
 
@@ -289,7 +220,7 @@ def _comparisons(kept: list[tuple[ProbeImage, tuple]]):
                        np.array([0] * len(real) + [1] * len(edits)))
     for modality in sorted({m for m, _ in keys}):
         real = [(image, r) for image, r in kept if image.modality == modality and image.role == "real"]
-        halves = np.array([_half(image.group) for image, _ in real])
+        halves = _halves([image.group for image, _ in real])
         if len(real) >= 4 and 0 < halves.sum() < len(real):
             yield (_row(modality, "all", "real vs real", [m for m, h in zip(real, halves) if not h],
                         [m for m, h in zip(real, halves) if h]), real, halves)

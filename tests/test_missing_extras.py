@@ -42,8 +42,6 @@ COMMANDS = [
     ("openai", "openai", ["generate", "--sources", "{sources}", "--out", "{out}", "--writer", "openai", "-q"]),
     ("diffusers", "train", ["generate", "--sources", "{sources}", "--out", "{out}", "--editor", "diffusers", "-q"]),
     ("ray", "ray", ["generate", "--sources", "{sources}", "--out", "{out}", "--executor", "ray", "--shards", "2"]),
-    ("sklearn", "probes", ["eval", "{run}", "--out", "{out}", "--source-images", "{sources}", "--judge", "none",
-                           "--separability"]),
     ("torchxrayvision", "probes-xray",
      ["eval", "{run}", "--out", "{out}", "--source-images", "{sources}", "--judge", "none", "--classifier",
       "torchxrayvision:densenet121-res224-all"]),

@@ -166,3 +166,85 @@ def test_bad_classifier_spec_is_one_line_error(tmp_path, capsys):
     assert code != 0
     assert "no config.json" in capsys.readouterr().err
     assert not (tmp_path / "out" / "samples.jsonl").exists()  # refused before anything was scored
+
+
+def _one_sample(folder):
+    folder.mkdir()
+    Image.fromarray(flat(10, 64)).save(folder / "a.png")
+    Image.fromarray(flat(40, 64)).save(folder / "b.png")
+    (folder / "samples.jsonl").write_text(json.dumps(
+        {"id": "a", "source": "a.png", "edited": "b.png", "instruction": "x", "disease": "Pleural_Effusion",
+         "direction": "add"}) + "\n")
+    return folder
+
+
+def _xrv_weights_file(path, seed: int):
+    """A DenseNet saved the way torchxrayvision's release files are (the whole model pickled), random weights."""
+    xrv = pytest.importorskip("torchxrayvision")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(seed)
+    model = xrv.models.DenseNet(weights=None)
+    with torch.no_grad():  # an untrained head saturates the sigmoid
+        model.classifier.weight.mul_(1e-3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model, path)
+    return path
+
+
+def test_torchxrayvision_without_its_weights_offline_fails_in_one_line_naming_the_file(tmp_path, monkeypatch,
+                                                                                       capsys):
+    pytest.importorskip("torchxrayvision")
+    from medbanana.evaluation.classifiers import xrv_weights_path
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # an empty torchxrayvision cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    expected, url = xrv_weights_path("densenet121-res224-all")
+    assert expected.parent == tmp_path / "home" / ".torchxrayvision" / "models_data"
+    code = main(["eval", str(_one_sample(tmp_path / "in")), "--out", str(tmp_path / "out"), "--judge", "none",
+                 "--classifier", "torchxrayvision:densenet121-res224-all"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and str(expected) in lines[0] and url in lines[0] and "--classifier-weights" in lines[0]
+    assert not expected.exists() and not (tmp_path / "out" / "samples.jsonl").exists()
+
+
+def test_torchxrayvision_weights_placed_in_its_cache_or_given_as_a_file(tmp_path, monkeypatch):
+    pytest.importorskip("torchxrayvision")
+    from medbanana.evaluation.classifiers import xrv_weights_path
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing may be downloaded: the files below are all there is
+    expected, _ = xrv_weights_path("densenet121-res224-all")
+    _xrv_weights_file(expected, seed=0)
+    elsewhere = _xrv_weights_file(tmp_path / "my weights" / "chest.pt", seed=0)
+    other = _xrv_weights_file(tmp_path / "other.pt", seed=1)
+    image = np.repeat(np.clip(np.arange(64 * 64).reshape(64, 64) % 251, 0, 255).astype(np.uint8)[..., None], 3, 2)
+    cached = load_classifier("torchxrayvision:densenet121-res224-all").predict([image])
+    given = load_classifier("torchxrayvision:densenet121-res224-all", elsewhere).predict([image])
+    different = load_classifier("torchxrayvision:densenet121-res224-all", other).predict([image])
+    assert np.allclose(cached, given) and not np.allclose(cached, different, atol=1e-4)
+    out = tmp_path / "out"  # the same through the CLI, the file given as an option
+    assert main(["eval", str(_one_sample(tmp_path / "in")), "--out", str(out), "--judge", "none", "--no-lpips",
+                 "-q", "--classifier", "torchxrayvision:densenet121-res224-all",
+                 "--classifier-weights", str(other)]) == 0
+    with open(out / "probe_samples.csv", newline="") as fh:
+        assert float(next(csv.DictReader(fh))["p_source"]) >= 0
+
+
+def test_a_hub_id_under_hf_hub_offline_is_looked_up_in_the_cache_only(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    with pytest.raises(RuntimeError) as caught:
+        load_classifier("no-such-org/no-such-classifier")
+    message = str(caught.value)
+    assert "\n" not in message and "no-such-org/no-such-classifier" in message and "HF_HUB_OFFLINE" in message
+
+
+def test_classifier_weights_without_a_torchxrayvision_classifier_is_refused(tmp_path, capsys, tiny_vit):
+    folder = _one_sample(tmp_path / "in")
+    for extra in ([], ["--classifier", str(tiny_vit)]):
+        code = main(["eval", str(folder), "--out", str(tmp_path / "out"), "--judge", "none",
+                     "--classifier-weights", str(tmp_path / "w.pt"), *extra])
+        assert code == 2 and "--classifier-weights applies to --classifier torchxrayvision" in capsys.readouterr().err
