@@ -196,8 +196,8 @@ def test_gemini_shards_on_ray_survive_a_killed_worker_without_running_a_task_twi
     assert len(_task_lines(shard_dir(out, 0, 2))) < in_shard0, "shard 0 finished before it was killed"
 
     _finish(driver)
-    retried_by = json.loads(lock.read_text())["pid"]
-    assert retried_by != worker  # a new worker took the shard's lock: the dead one's went with it
+    # the killed writer left its lock file; a new worker took the lock, finished the shard and removed the file
+    assert not lock.exists()
     assert sorted(_task_lines(shard_dir(out, 0, 2))) == sorted(set(_task_lines(shard_dir(out, 0, 2))))
     assert len(_task_lines(shard_dir(out, 0, 2))) == in_shard0
     _check_merged_like_single(out, single, count)
