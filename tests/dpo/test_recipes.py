@@ -4,6 +4,8 @@ trains two optimisation steps on the offline demo's dataset, saves, and what it 
 
 import math
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -129,6 +131,21 @@ def test_judge_sft_trains_on_the_verdicts_and_its_output_loads_back(family, chec
     trained, processor = load_vlm_folder(tmp_path / "out")
     assert len(changed(weights(base), weights(trained))) > len(weights(base)) // 2
     assert torch.isfinite(forward_logits(trained, processor, example)).all()
+
+
+def test_judge_sft_as_a_user_types_it_trains_a_saved_checkpoint(checkpoint, demo_dataset, tmp_path):
+    """`python -m medbanana.dpo.judge_sft ...` (the recipe's `run_recipe` entry point) in its own process, on a model
+    folder written by save_pretrained: it trains, and the folder it writes loads back."""
+    config = tmp_path / "options.yaml"
+    config.write_text(TRAINER_OPTIONS)
+    folder = checkpoint("llava")
+    done = subprocess.run([sys.executable, "-m", "medbanana.dpo.judge_sft", "--config", str(config), "--dataset_name",
+                           str(demo_dataset), "--model_name_or_path", str(folder), "--output_dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    base, _ = load_vlm_folder(folder)
+    trained, _ = load_vlm_folder(tmp_path / "out")
+    assert len(changed(weights(base), weights(trained))) > len(weights(base)) // 2
 
 
 def test_judge_sft_with_lora_on_qwen(checkpoint, demo_dataset, tmp_path):
