@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -54,16 +54,17 @@ def remove_stale_staging(out: Path) -> list[Path]:
     return stale
 
 
-def finish_interrupted_swap(out: Path) -> list[Path]:
+def finish_interrupted_swap(out: Path, remove: Callable[[Path], None] | None = None) -> list[Path]:
     """What a build killed while swapping left, holding the write lock of `out`: with no `out` (killed between the
     two renames of a file system that cannot exchange), the previous build goes back into place; any other
-    previous build is removed as a replaced build is. Returns the previous builds found."""
+    previous build is removed as a replaced build is (`remove`, default `remove_build`). Returns the previous
+    builds found."""
     previous = _leftovers(out, "previous")
     if previous and not os.path.lexists(out):
         previous[-1].rename(out)  # one build at a time (the lock): there is one such folder
     for folder in previous:
         if folder.is_dir():
-            remove_build(folder)
+            (remove or remove_build)(folder)
     return previous
 
 
@@ -156,9 +157,9 @@ def foreign_entries(out: Path) -> list[str]:
     return foreign
 
 
-def move_into_place(staging: Path, out: Path) -> None:
-    """Publish `staging` as `out` by renames (module docstring); the previous build is removed file by file, its
-    own files only."""
+def move_into_place(staging: Path, out: Path, remove: Callable[[Path], None] | None = None) -> None:
+    """Publish `staging` as `out` by renames (module docstring); the previous build is then removed by `remove`,
+    by default `remove_build`: file by file, its own files only."""
     if not out.exists():
         staging.rename(out)
         return
@@ -168,7 +169,7 @@ def move_into_place(staging: Path, out: Path) -> None:
     else:
         out.rename(previous)
         staging.rename(out)
-    remove_build(previous)
+    (remove or remove_build)(previous)
 
 
 def exchange(a: Path, b: Path) -> bool:

@@ -26,7 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..builder.output import BuildError, check_placement, exchange, output_lock, remove_stale_staging
+from ..builder.output import (BuildError, check_placement, finish_interrupted_swap, move_into_place, output_lock,
+                              remove_stale_staging)
 from ..builder.rows import canonical_instruction  # the one-sentence task, as dpo_pairs' `prompt`
 from ..generation.files import atomic_write_text
 from ..generation.records import decode_rgb, open_image
@@ -76,6 +77,7 @@ def export_medebench(dataset: Path, out: Path, *, split: str | None = None, sour
     try:
         with output_lock(target):
             remove_stale_staging(target)  # what a killed export left, `.editing.building-PID`, under this lock
+            finish_interrupted_swap(target, remove=shutil.rmtree)  # and `.editing.previous-PID` (killed mid-swap)
             summary = _write_and_publish(rows, out, target, dataset, progress)
     except BaseException:
         if created:  # a failed export into a new folder leaves no folder (the lock file is gone by now)
@@ -94,7 +96,7 @@ def _write_and_publish(rows, out: Path, target: Path, dataset: Path, progress) -
             reasons = "; ".join(f"{len(uids)} {reason}" for reason, uids in summary.skipped.items())
             raise ValueError(f"nothing to export: all {summary.rows} sft rows of {dataset} were skipped "
                              f"({reasons or 'the dataset has none'})")
-        _publish(staging, target)
+        move_into_place(staging, target, remove=shutil.rmtree)  # editing/ is the export's alone: removed whole
     finally:
         if staging.exists():
             shutil.rmtree(staging)
@@ -225,15 +227,3 @@ def _sample(sample_id: int, row: dict, split: str, roi: str) -> dict:
             **{key: f"{FOLDER}/{folder}/{name}" for key, folder in
                (("previous_image", "previous"), ("changed_image", "changed"), ("previous_mask", "previous_mask"))},
             "url": None, "uid": row["uid"], "split": split, "roi": roi}
-
-
-def _publish(staging: Path, target: Path) -> None:
-    """`staging` becomes `target`: one rename when there is none, else an atomic exchange (then the old one, now
-    at `staging`, is removed by the caller), or two renames where the file system cannot exchange."""
-    if not target.exists():
-        staging.rename(target)
-    elif not exchange(staging, target):
-        old = target.with_name(f".{FOLDER}.previous-{os.getpid()}")
-        target.rename(old)
-        staging.rename(target)
-        shutil.rmtree(old)
