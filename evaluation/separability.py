@@ -27,7 +27,7 @@ from .probe_cache import FeatureCache, content_digest, feature_key
 from .probe_embeddings import BATCH as EMBED_BATCH
 from .probe_embeddings import EMBEDDING_VERSION
 from .probe_features import FEATURE_VERSION, FeatureSettings, image_features
-from .probe_statistics import BOOTSTRAP, FOLDS, PERMUTATIONS, auroc, probe  # noqa: F401 — auroc: review's too
+from .probe_statistics import BOOTSTRAP, FOLDS, PERMUTATIONS, probe
 
 CHUNK = 1024  # images whose bytes may be in memory at once
 

@@ -68,10 +68,12 @@ def round_leakage(instructions: Sequence[str], rounds: Sequence[int | None], gro
     if n_groups < 2:
         return None, "not measured: every item shows one source"
     sklearn = require("sklearn", needed_for="measuring the review's blinding", extra="review")
+    import numpy as np
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import GroupKFold
+
+    from ..evaluation.probe_statistics import auroc
 
     texts = [text for text, _, _ in rows]
     labels = [int(label) for _, label, _ in rows]
@@ -86,8 +88,8 @@ def round_leakage(instructions: Sequence[str], rounds: Sequence[int | None], gro
         model = LogisticRegression(max_iter=1000).fit(vectors.fit_transform([texts[i] for i in train]), train_labels)
         for i, p in zip(test, model.predict_proba(vectors.transform([texts[i] for i in test]))[:, 1]):
             scores[i] = float(p)
-    auroc = float(roc_auc_score(labels, scores))
-    return round(auroc, 3), (f"TF-IDF (1-2 grams) + logistic regression, {splits}-fold cross-validation grouped by "
+    value = auroc(np.asarray(scores), np.asarray(labels))  # both classes present: checked above
+    return round(value, 3), (f"TF-IDF (1-2 grams) + logistic regression, {splits}-fold cross-validation grouped by "
                              f"source, {len(rows) - later} round-1 vs {later} later-round instructions "
                              f"(scikit-learn {sklearn.__version__})")
 

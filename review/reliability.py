@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
 from ..evaluation.agreement import cohen_kappa
-from ..evaluation.separability import auroc
+from ..evaluation.probe_statistics import auroc
 from ..generation.extras import require
 
 __all__ = ["auroc", "bootstrap_interval", "category_counts", "cohen_kappa", "edited_probability", "fleiss_kappa",
