@@ -247,7 +247,7 @@ def _png_mode(mask: np.ndarray) -> Image.Image:
 
 
 def png_value(mask: np.ndarray, size: tuple[int, int] | None = None) -> dict:
-    """A boolean mask, resized to `size` (width, height; nearest) when given, as a datasets Image value:
+    """A boolean mask, resized to `size` (width, height; bilinear, cut at half way) when given, as a datasets Image value:
     `{"bytes": <PNG, mode L, 0/255>, "path": None}` (a few KB; decoded it equals what `edit_mask` returns)."""
     image = _png_mode(mask) if size is None else _upsampled(_png_mode(mask), size)
     buffer = io.BytesIO()
