@@ -20,7 +20,7 @@ from pathlib import Path
 import datasets
 
 from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
-from .builder.masks import task_masks
+from .generation.masks import task_masks
 from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
 from .builder.runs import discover_units, read_tasks
 from .builder.sources import SourceIndex

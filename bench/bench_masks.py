@@ -1,4 +1,4 @@
-"""Benchmark the per-edit masks (builder/masks.py): how well `edit_mask` finds what the simulator drew, and what
+"""Benchmark the per-edit masks (generation/masks.py): how well `edit_mask` finds what the simulator drew, and what
 the masks cost a build.
 
     python bench/bench_masks.py                       # a demo run at 512 px (2 normal, 1 diseased source per class)
@@ -56,7 +56,7 @@ def quality(run: Path, sources: Path) -> tuple[dict, list[float]]:
     import numpy as np
     from PIL import Image
 
-    from medbanana.builder.masks import task_masks
+    from medbanana.generation.masks import task_masks
     from medbanana.generation.backends.simulator.truth import read_drawn_mask
     from medbanana.generation.records import decode_rgb
     from medbanana.generation.rundir import layout

@@ -21,7 +21,7 @@ from string import Template
 from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from ..generation.rundir.schema import STATUSES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
-from .masks import MASK_METHOD, RECOMPUTE
+from ..generation.masks import MASK_METHOD, RECOMPUTE
 from .output import BUILD_INFO
 from .paper import card_section
 from .stats import UNMARKED, BuildStats

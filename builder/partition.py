@@ -97,7 +97,7 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
     whose input is refused comes as (task, the Refused, None, None)."""
     task_masks = None
     if with_masks and sources is not None:  # only then: a build without sources never imports scipy
-        from .masks import task_masks
+        from ..generation.masks import task_masks
 
     def read(task):
         try:

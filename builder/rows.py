@@ -19,7 +19,7 @@ from .runs import AttemptRecord, TaskRecord
 from .safety import Confined
 
 if TYPE_CHECKING:
-    from .masks import TaskMasks
+    from ..generation.masks import TaskMasks
 
 Images = dict[str, dict | None]  # run-relative path -> image value (None: file missing)
 
@@ -80,7 +80,7 @@ def _image(images: Images, attempt: AttemptRecord) -> dict | None:
 
 
 def mask_columns(masks: TaskMasks | None, attempt: AttemptRecord) -> dict:
-    """`edit_mask` and `region_mask` of an attempt (builder/masks.py); null without the task's source."""
+    """`edit_mask` and `region_mask` of an attempt (generation/masks.py); null without the task's source."""
     if masks is None:
         return {"edit_mask": None, "region_mask": None}
     return {"edit_mask": masks.edits.get(attempt.image) if attempt.image else None, "region_mask": masks.region}

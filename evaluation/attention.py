@@ -3,7 +3,7 @@
 
 Each recorded mask (details["attention"]["mask"], at the source's size) is scored against the eval's ROI of the same
 sample (evaluate.roi_mask, the policy `--roi` sets): by default the dataset row's `edit_mask` (or the edit mask
-computed from source and edit, for a run), else the task's region (builder.masks.region_array: the grown region of
+computed from source and edit, for a run), else the task's region (generation.masks.region_array: the grown region of
 generation/anatomy.py). Every figure says which (`roi`: edit_mask | region | given); a run recorded before masks
 were stored gives only its generation-time IoU against the region (`roi`: region_at_generation). Per disease: n,
 mean IoU, the share of mislocalised edits (IoU < MISLOCALISED_BELOW) and how many figures used each ROI.

@@ -11,8 +11,8 @@ Output folder:
 
 A sample's ROI follows the ROI policy (`roi_mask`): by default its mask when given (any encoding:
 metrics.read_mask; the record says how it was read in `mask_read`); for a dataset or run, the task's edit mask
-(the row's `edit_mask`, or computed by builder.masks from the source and the reference edit); else the task's
-target region located on the source (builder.masks.region_array); or none, and CP is the full-image SSIM. Each
+(the row's `edit_mask`, or computed by generation.masks from the source and the reference edit); else the task's
+target region located on the source (generation.masks.region_array); or none, and CP is the full-image SSIM. Each
 record says which (`roi`), the report counts them. A sample whose CP is undefined records why
 (`cp_excluded`); the report and summary.json say how many the CP mean leaves out. In `medebench` CP mode every
 image is read as MedEBench reads it (metrics.decode_medebench: 16-bit clipped), else 16-bit is min-max scaled.
@@ -36,7 +36,7 @@ from ..generation.files import read_jsonl
 from .failures import eval_reasons
 from .inputs import Sample, image_bytes, read_image
 from .judging import judge_record, scores_note
-from ..builder.masks import edit_mask_array, region_array
+from ..generation.masks import edit_mask_array, region_array
 from .metrics import (CP_UNDEFINED, LPIPSMetric, LPIPSUnavailable, decode_medebench, pixel_metrics, read_mask,
                       to_size)
 
@@ -182,7 +182,7 @@ def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> tuple[np.ndarray, 
 
 
 def _edit_roi(sample: Sample, source: np.ndarray) -> tuple[np.ndarray, str]:
-    """The task's edit mask: the dataset row's, else computed (builder.masks) from the source and the reference
+    """The task's edit mask: the dataset row's, else computed (generation.masks) from the source and the reference
     edit: the ground truth when there is one (a model's output is scored inside the dataset's or run's edit), else
     the edit scored itself."""
     if sample.edit_mask is not None:

@@ -1,5 +1,5 @@
 """Pixel metrics of one edit: context preservation (CP) two ways, MedGEN-Bench's SSIM / PSNR / LPIPS, reading ROI
-masks (the task's region and edit masks are computed in builder/masks.py).
+masks (the task's region and edit masks are computed in generation/masks.py).
 
 Context preservation = SSIM between the input and the edited image outside the region of interest (ROI):
 

@@ -12,7 +12,8 @@ PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation", "review
 # secrets (and extras); then records/taxonomy/prompts <- backends <- loop <- runners <- commands, with the run directory's
 # contract (rundir) and the sources below the runners; the builder reads run directories, evaluation reads both.
 BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "generation.files", "generation.secrets",
-        "generation.extras", "generation.failures", "generation.anatomy", "generation.raster"}
+        "generation.extras", "generation.failures", "generation.anatomy", "generation.raster",
+        "generation.masks"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,

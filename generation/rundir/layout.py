@@ -8,6 +8,9 @@ Per source dataset folder {D} and direction (the add direction is called "edit" 
     {D}-remove-failed/normal/{stem}-{Disease}-remove-failed-{round}.jpeg each rejected remove attempt
     {D}-{edit|remove}/{progress,api_failures,final_prompts,all_conversations}.json
     {D}-{edit|remove}-failed/failed_summary.json
+
+Ours beside them: medbanana-*.json(l) files, and medbanana-masks/{image}.edit.png and .region.png per attempt image
+(its edit mask and its task's region, generation/masks.py, computed when the image was written).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ JOURNAL = "medbanana-journal.jsonl"
 RUN_CONFIG = "medbanana-run.json"
 STATS = "medbanana-stats.json"
 SOURCES_MANIFEST = "medbanana-sources.json"
+MASKS = "medbanana-masks"  # an attempt image's masks (`mask_relpaths`), mirroring the images' paths
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")  # image files of a run (attempts, sources found by the builder)
 # {D}-edit, {D}-remove, {D}-edit-failed, {D}-remove-failed
@@ -80,6 +84,12 @@ def attempt_image_relpath(dataset: str, direction: str, stem: str, disease: str,
     if accepted:
         return accepted_image_relpath(dataset, direction, stem, disease)
     return failed_image_relpath(dataset, direction, stem, disease, round_no)
+
+
+def mask_relpaths(image_relpath: str) -> tuple[str, str]:
+    """(edit mask, region mask) of an attempt image at `image_relpath`: PNG files under MASKS, mode L, 0/255,
+    the edit mask at the image's size and the region at its source's (generation/masks.py)."""
+    return f"{MASKS}/{image_relpath}.edit.png", f"{MASKS}/{image_relpath}.region.png"
 
 
 def split_task_key(key: str, disease: str) -> str:

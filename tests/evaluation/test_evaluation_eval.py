@@ -197,7 +197,7 @@ def test_a_built_dataset_and_a_models_edits_with_ground_truth(built_sft, tmp_pat
 
 def test_the_roi_policy_uses_the_rows_edit_mask_computes_it_for_runs_or_takes_the_region(built_sft,
                                                                                         builder_ours_run, tmp_path):
-    from medbanana.builder.masks import edit_mask_array
+    from medbanana.generation.masks import edit_mask_array
     from medbanana.evaluation.inputs import read_image
 
     rows = list(open_samples(built_sft))

@@ -3,7 +3,7 @@
 `drawn_mask` is where the edit's noise-free change (what it painted plus what it blended, before grain and the
 global tone drift) reaches DRAWN_LEVELS grey levels in some channel, on the working grid. The editor records it as
 a 1-bit PNG in base64 (`details["drawn_mask"]`, a few KB; raster.encode_mask); `read_drawn_mask` gives it back at
-any size, so the dataset's computed `edit_mask` (builder/masks.py) can be scored against it (bench/bench_masks.py,
+any size, so the dataset's computed `edit_mask` (generation/masks.py) can be scored against it (bench/bench_masks.py,
 the demo test).
 """
 

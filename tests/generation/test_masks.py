@@ -11,7 +11,7 @@ import pytest
 from datasets import load_dataset
 from PIL import Image
 
-from medbanana.builder import masks
+from medbanana.generation import masks
 from medbanana.cli import main
 from medbanana.generation.backends.simulator.lesions import SPECS
 from medbanana.generation.backends.simulator.truth import read_drawn_mask
@@ -112,7 +112,7 @@ def test_the_demo_dataset_carries_masks_that_sit_on_the_simulators_lesions(tmp_p
     judge = load_dataset(str(out / "dataset"), "judge", split="train")
     assert all(r["edit_mask"] is not None and r["region_mask"] is not None for r in judge)
     card = (out / "dataset" / "README.md").read_text()
-    assert "computed, not annotated" in card and "medbanana.builder.masks.edit_mask" in card
+    assert "computed, not annotated" in card and "medbanana.generation.masks.edit_mask" in card
     assert json.loads((out / "dataset" / "medbanana-build.json").read_text())["mask_method"] == masks.MASK_METHOD
 
 

@@ -36,10 +36,10 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
-from ..generation.anatomy import ANAT, MARGIN_GRID, REGION_MARGIN, estimate_anatomy, grown_region, typical_anatomy
-from ..generation.raster import SourceCache, fill_holes, padded_box, resize_rgb
-from ..generation.records import open_image
-from ..generation.taxonomy import load_taxonomy
+from .anatomy import ANAT, MARGIN_GRID, REGION_MARGIN, estimate_anatomy, grown_region, typical_anatomy
+from .raster import SourceCache, fill_holes, padded_box, resize_rgb
+from .records import open_image
+from .taxonomy import load_taxonomy
 
 WORK_SIDE = 160  # working size: cost independent of the image's, fine enough for a finding's outline
 REGION_SIDE = 128  # the grid a region is rasterised on (a coarse region: finer costs time and says no more)
@@ -61,7 +61,7 @@ MASK_METHOD = (f"edit_mask: |edit - source| per channel at {WORK_SIDE} px (longe
                f"opening r{OPEN_RADIUS}, closing r{CLOSE_RADIUS}, holes filled, components < {MIN_COMPONENT:.2%} "
                "of the image dropped; back to the edit's size bilinear, cut at half way. region_mask: the target's taxonomy region located on the source by "
                f"medbanana's anatomy estimate at {REGION_SIDE}², grown by {REGION_MARGIN} px per {MARGIN_GRID} px.")
-RECOMPUTE = "medbanana.builder.masks.edit_mask(source, edited) and region_mask(modality, disease, size, source)"
+RECOMPUTE = "medbanana.generation.masks.edit_mask(source, edited) and region_mask(modality, disease, size, source)"
 
 
 def as_rgb(image: Image.Image) -> np.ndarray:
