@@ -20,9 +20,10 @@ from pathlib import Path
 import datasets
 
 from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
-from .generation.masks import task_masks
+from .builder.run_masks import MaskFolders, row_masks
 from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
 from .builder.runs import discover_units, read_tasks
+from .builder.safety import Confined
 from .builder.sources import SourceIndex
 
 _DESCRIPTION = ("Instruction-based medical image edits (chest X-ray, brain MRI, fundus; add or remove a finding), "
@@ -55,15 +56,16 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
         config = self.config.name
         sources = SourceIndex(Path(self.config.source_images)) if self.config.source_images else None
         with_images = config in IMAGE_CONFIGS
+        confined, folders = Confined(), MaskFolders()
         for unit in discover_units(Path(self.config.data_dir)):
             for task in read_tasks(unit):
                 if split_of(task.source_id, self.config.test_fraction) != split:
                     continue
-                images = load_images(task) if with_images else {}
+                images = load_images(task, confined) if with_images else {}
                 source = None
                 if sources is not None and with_images:
                     source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
                                                  task.source_path)
-                masks = task_masks(images, source, task.modality, task.disease) if config in MASK_CONFIGS else None
+                masks = row_masks(task, images, source, confined, folders) if config in MASK_CONFIGS else None
                 for row in ROW_ITERATORS[config](task, images, source, masks):
                     yield row_key(config, row), row

@@ -22,6 +22,7 @@ from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from ..generation.rundir.schema import STATUSES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from ..generation.masks import MASK_METHOD, RECOMPUTE
+from .run_masks import COMPUTED, MISSING, STORED
 from .output import BUILD_INFO
 from .paper import card_section
 from .stats import UNMARKED, BuildStats
@@ -114,7 +115,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
         "configs_table": _configs_table(stats, configs, splits), "load_examples": _load_examples(list(present)),
         "empty_note": _empty_note(configs, present, splits),
         "source_note": _source_note(sources),
-        "mask_note": mask_note(sources),
+        "mask_note": mask_note(stats.mask_origins, sources),
         "split_note": (f"Splits: `test` holds about {test_fraction:.0%} of the source images, chosen by a hash of "
                        "the source id, so that no source image is in both splits." if test_fraction > 0 else
                        "Splits: everything is in `train`."),
@@ -131,17 +132,23 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
     return Template(card_template()).substitute(values)
 
 
-def mask_note(sources: dict | None) -> str:
-    """What the mask columns hold in this build, how they were computed and how to recompute them."""
+def mask_note(origins: Counter, sources: dict | None) -> str:
+    """What the mask columns hold in this build (`origins`: run_masks' counts of the attempt images' edit masks by
+    where they came from), how they were computed and how to recompute them."""
     how = (f"Masks are computed by medbanana from the images, not drawn by annotators ({MASK_METHOD}); recompute "
            f"or vary them with `{RECOMPUTE}`.")  # our own constant: no data in it
-    if sources is None:
-        return ("In this build they are null: a mask needs the source image, which this build does not hold (build "
-                "with `--source-images DIR` to fill them). " + how)
-    if sources["matched"] < sources["total"]:
-        return (f"They are null for the {sources['total'] - sources['matched']:,} tasks whose source image was not "
-                "found, and `edit_mask` is null where an attempt has no image. " + how)
-    return "`edit_mask` is null where an attempt has no image. " + how
+    stored, computed, missing = origins[STORED], origins[COMPUTED], origins[MISSING]
+    if not stored and not computed:
+        hint = "" if sources is not None else " (build with `--source-images DIR` to compute them)"
+        return ("In this build they are null: the runs stored no masks, and a mask needs the source image to be "
+                f"computed{hint}. " + how)
+    told = [f"{stored:,} were stored by the run when it wrote each image"] if stored else []
+    if computed:
+        told.append(f"{computed:,} were computed at build time from source and edit")
+    if missing:
+        told.append(f"{missing:,} are null (no stored mask, and no source image to compute one from)")
+    return (f"Of the attempt images' edit masks, {'; '.join(told)}. `edit_mask` is null where an attempt has no image, "
+            "and `region_mask` where the task has neither a stored region nor its source image. " + how)
 
 
 def _source_note(sources: dict | None) -> str:
@@ -298,7 +305,7 @@ def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, 
             # claimed only when every task got its source; `sources` counts them (null: none were asked for)
             "sources_attached": sources is not None and 0 < sources["matched"] == sources["total"],
             "sources": sources, "figure": figure, "unsafe": unsafe,
-            "mask_method": MASK_METHOD if sources is not None and sources["matched"] else None,
+            "mask_method": MASK_METHOD if stats.mask_origins[STORED] or stats.mask_origins[COMPUTED] else None,
             "configs": {c: {s: {"rows": stats.rows[(c, s)], "files": files.get(c, {}).get(s, [])} for s in splits}
                         for c in configs},
             "stats": stats.to_json()}

@@ -46,7 +46,8 @@ ROUND_ITEM = {
     "seconds": Value("float32"),
 }
 
-# computed from the images, not annotated (generation/masks.py: MASK_METHOD); null when the build had no sources
+# computed from the images, not annotated (generation/masks.py: MASK_METHOD): stored by the run when it wrote each
+# image, else computed by the build from the source; null when neither (builder/run_masks.py)
 MASKS = {
     "edit_mask": Image(),  # PNG (L, 0/255) at the edit's size: where the edit differs from its source beyond noise
     "region_mask": Image(),  # PNG (L, 0/255) at the source's size: the target's anatomical region on the source

@@ -7,7 +7,7 @@ schemas arrive made, in `PartitionSpec.schemas`), so a worker starts in a fracti
 from __future__ import annotations
 
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .parquet import ConfigSchema, ShardedParquetWriter
 from .rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, split_of
+from .run_masks import MaskFolders, row_masks
 from .runs import Unit, read_tasks
 from .safety import Confined, Refused
 from .sources import SourceIndex
@@ -91,13 +92,11 @@ def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hashe
 
 def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None, confined: Confined,
                   skip: bool, with_masks: bool):
-    """(task, its images, its source image, its masks) in order, reading (and with `with_masks` computing the
-    masks of) the next _READ_AHEAD tasks in threads meanwhile: with a cold cache one read at a time leaves the disk
-    idle between files (reads, and numpy and scipy's work on the masks, release the GIL). With `skip`, a task
-    whose input is refused comes as (task, the Refused, None, None)."""
-    task_masks = None
-    if with_masks and sources is not None:  # only then: a build without sources never imports scipy
-        from ..generation.masks import task_masks
+    """(task, its images, its source image, its masks, where its edit masks came from) in order, reading (and with
+    `with_masks` reading or computing the masks of) the next _READ_AHEAD tasks in threads meanwhile: with a cold
+    cache one read at a time leaves the disk idle between files (reads, and numpy and scipy's work on the masks,
+    release the GIL). With `skip`, a task whose input is refused comes as (task, the Refused, None, None, None)."""
+    folders = MaskFolders()
 
     def read(task):
         try:
@@ -106,12 +105,13 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
                 source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
                                              task.source_path)
             images = load_images(task, confined)
+            origins: Counter = Counter()
+            masks = row_masks(task, images, source, confined, folders, origins) if with_masks else None
         except Refused as exc:
             if not skip:
                 raise
-            return exc, None, None
-        masks = task_masks(images, source, task.modality, task.disease) if task_masks is not None else None
-        return images, source, masks
+            return exc, None, None, None
+        return images, source, masks, origins
 
     window: deque = deque()
     upcoming = iter(tasks)
@@ -130,13 +130,15 @@ def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildS
     with_images = bool(IMAGE_CONFIGS & set(spec.configs))
     loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip",
                             bool(MASK_CONFIGS & set(spec.configs))) if with_images
-              else ((task, {}, None, None) for task in tasks))
-    for done, (task, images, source, masks) in enumerate(loaded, 1):
+              else ((task, {}, None, None, None) for task in tasks))
+    for done, (task, images, source, masks, origins) in enumerate(loaded, 1):
         if isinstance(images, Refused):  # policy skip: the task gives no row in any config
             stats.add_refusal(images)
             continue
         split = split_of(task.source_id, spec.test_fraction)
         stats.add_task(task, images, None if sources is None or not with_images else source is not None)
+        if origins:
+            stats.mask_origins.update(origins)
         if task.uid in spec.review_uids:
             stats.reviewed_tasks.add(task.uid)
         for config in spec.configs:
