@@ -82,21 +82,24 @@ def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hashe
     sources = SourceIndex(spec.source_images) if spec.source_images else None
     refused = stats.add_refusal if spec.unsafe == "skip" else None
     confined = Confined()  # folders resolved once for the partition (see safety.Confined)
+    folders = MaskFolders(skip=spec.unsafe == "skip")  # each run's masks folder, checked once for the partition
     for unit, block, blocks in spec.items:
         # one unit at a time, in a function of its own: its records are freed before the next is decoded
-        _write_unit(read_tasks(unit, block, blocks, refused), spec, writers, stats, sources, confined, readers,
-                    progress)
+        _write_unit(read_tasks(unit, block, blocks, refused), spec, writers, stats, sources, (confined, folders),
+                    readers, progress)
+    for exc in folders.refusals:  # a masks folder left out: its tasks are built, with computed or null masks
+        stats.add_refusal(exc, task_left_out=False)
     stats.count_reasons()  # here, in the partition's process: the partitions split their verdict texts in parallel
     return stats, writers.close()
 
 
-def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None, confined: Confined,
-                  skip: bool, with_masks: bool):
+def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None,
+                  confined: tuple[Confined, MaskFolders], skip: bool, with_masks: bool):
     """(task, its images, its source image, its masks, where its edit masks came from) in order, reading (and with
     `with_masks` reading or computing the masks of) the next _READ_AHEAD tasks in threads meanwhile: with a cold
     cache one read at a time leaves the disk idle between files (reads, and numpy and scipy's work on the masks,
     release the GIL). With `skip`, a task whose input is refused comes as (task, the Refused, None, None, None)."""
-    folders = MaskFolders()
+    confined, folders = confined
 
     def read(task):
         try:
@@ -126,7 +129,8 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
 
 
 def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildStats, sources: SourceIndex | None,
-                confined: Confined, readers: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
+                confined: tuple[Confined, MaskFolders], readers: ThreadPoolExecutor,
+                progress: Callable[[int], None]) -> None:
     with_images = bool(IMAGE_CONFIGS & set(spec.configs))
     loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip",
                             bool(MASK_CONFIGS & set(spec.configs))) if with_images

@@ -19,15 +19,20 @@ from PIL import Image
 
 from ..generation.rundir import layout
 from .runs import TaskRecord
-from .safety import PNG_MAGIC, Confined, inside
+from .safety import PNG_MAGIC, Confined, Refused, inside
 
 STORED, COMPUTED, MISSING = "stored", "computed", "missing"  # where an attempt image's edit mask came from
 
 
 class MaskFolders:
-    """Each run's masks folder, checked once: None when the run has none (a released run: no file is looked for)."""
+    """Each run's masks folder, checked once: None when the run has none (a released run: no file is looked for).
 
-    def __init__(self):
+    A masks folder that is a link out of the run is refused, as an image folder is; with `skip` (`--unsafe skip`)
+    the run's stored masks are left out instead (its masks are computed or null) and the refusal kept in
+    `refusals`, for the build's statistics."""
+
+    def __init__(self, skip: bool = False):
+        self.skip, self.refusals = skip, []
         self._roots: dict[Path, Path | None] = {}
         self._lock = threading.Lock()  # the build's reader threads share one
 
@@ -35,9 +40,16 @@ class MaskFolders:
         with self._lock:
             if run_dir not in self._roots:
                 folder = run_dir / layout.MASKS
-                if folder.is_dir():  # a masks folder that is a link out of the run is refused, as an image folder is
-                    inside(run_dir, layout.MASKS, f"{run_dir}'s masks folder")
                 self._roots[run_dir] = folder if folder.is_dir() else None
+                if folder.is_dir():
+                    try:
+                        inside(run_dir, layout.MASKS, f"{run_dir}'s masks folder")
+                    except Refused as exc:
+                        if not self.skip:
+                            del self._roots[run_dir]
+                            raise
+                        self.refusals.append(exc)
+                        self._roots[run_dir] = None
             return self._roots[run_dir]
 
 
