@@ -59,12 +59,6 @@ def recorded_attention(run_dirs: Iterable[Path]) -> dict[str, dict]:
     return found
 
 
-def roi_kind(how: str) -> str | None:
-    """evaluate.roi_mask's account of a ROI -> edit_mask | region | given; None for the full image (no ROI)."""
-    kind = how.split(":")[0].split(" ")[0]
-    return {"edit_mask": "edit_mask", "derived": "region", "given": "given"}.get(kind)
-
-
 def score(sample: Sample, grounding: dict, roi: str = "auto") -> dict:
     """One sample's attention figure: IoU of its recorded attention mask with its ROI, saying which ROI."""
     record = {"id": sample.id, "disease": sample.disease, "roi": None, "iou": None}
@@ -73,14 +67,14 @@ def score(sample: Sample, grounding: dict, roi: str = "auto") -> dict:
     if sample.problem or sample.source is None:
         return {**record, "reason": sample.problem or "no source image"}
     source = read_image(sample.source)
-    levels, how, _ = roi_mask(sample, source, roi)
-    if roi_kind(how) is None:
-        return {**record, "reason": f"no region of interest ({how})"}
+    found = roi_mask(sample, source, roi)
+    if found.kind is None:
+        return {**record, "reason": f"no region of interest ({found.how})"}
     try:
         attention = decode_mask(grounding[MASK_KEY], source.shape[1::-1])
     except ValueError as exc:
         return {**record, "reason": f"recorded attention mask unreadable: {exc}"}
-    return {**record, "roi": roi_kind(how), "iou": round(iou(attention, levels > 127), 4)}
+    return {**record, "roi": found.kind, "iou": round(iou(attention, found.levels > 127), 4)}
 
 
 def attention_report(samples: Iterable[Sample], run_dirs: Iterable[Path], roi: str = "auto") -> dict:

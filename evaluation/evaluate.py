@@ -27,16 +27,17 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
 
 from ..builder.tables import Table, mean
 from ..generation.files import read_jsonl
+from ..generation.masks import edit_mask_array, region_array
 from .failures import eval_reasons
 from .inputs import Sample, image_bytes, read_image
 from .judging import judge_record, scores_note
-from ..generation.masks import edit_mask_array, region_array
 from .metrics import (CP_UNDEFINED, LPIPSMetric, LPIPSUnavailable, decode_medebench, pixel_metrics, read_mask,
                       to_size)
 
@@ -148,7 +149,7 @@ def _pixels(sample: Sample, source_data: bytes, edited_data: bytes, options: Eva
     # MedEBench's numbers need MedEBench's decoding (16-bit clipped); ours keeps a 16-bit image's contrast
     decode = decode_medebench if options.cp_mode == "medebench" else read_image
     source, edited = decode(source_data), decode(edited_data)
-    mask, roi, mask_read = roi_mask(sample, source, options.roi)
+    mask, roi, mask_read, _ = roi_mask(sample, source, options.roi)
     truth = decode(image_bytes(sample.ground_truth)) if sample.ground_truth is not None else None
     metrics = pixel_metrics(source, edited, mask, cp_mode=options.cp_mode, ground_truth=truth, lpips=lpips)
     extra = {"mask_read": mask_read} if mask_read else {}
@@ -158,8 +159,15 @@ def _pixels(sample: Sample, source_data: bytes, edited_data: bytes, options: Eva
             "resized": edited.shape != source.shape, **metrics, **extra}
 
 
-def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> tuple[np.ndarray, str, str | None]:
-    """(grey-level mask at the source's size, how it was obtained, how a given mask's values were read).
+class Roi(NamedTuple):
+    levels: np.ndarray  # grey-level mask at the source's size (> 127: inside)
+    how: str  # how it was obtained, as a record says it
+    mask_read: str | None  # how a given mask's values were read
+    kind: str | None  # given | edit_mask | region; None: no ROI (the full image)
+
+
+def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> Roi:
+    """The sample's ROI at the source's size, how it was obtained, and its kind.
 
     `roi` (ROI_POLICIES): auto: an evaluation folder's own mask (`given`); for dataset and run samples the task's
     edit mask (`edit_mask`: the row's column, or `edit_mask:computed` from the source and the reference edit);
@@ -169,16 +177,16 @@ def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> tuple[np.ndarray, 
     if roi == "auto" and sample.mask is not None:
         with Image.open(io.BytesIO(image_bytes(sample.mask))) as im:
             levels, how = read_mask(im, source.shape)
-        return levels, "given", how
+        return Roi(levels, "given", how, "given")
     if roi == "none":
-        return empty, "full_image", None
+        return Roi(empty, "full_image", None, None)
     if roi == "edit" or (roi == "auto" and (sample.edit_mask is not None or sample.task_edit)):
-        return _edit_roi(sample, source) + (None,)
+        return Roi(*_edit_roi(sample, source), None, "edit_mask")
     try:
         region, name = region_array(sample.modality, sample.disease, source.shape[1::-1], source)
     except (ValueError, KeyError) as exc:
-        return empty, f"full_image (no region: {exc})", None
-    return region.astype(np.uint8) * 255, f"derived:{name}", None
+        return Roi(empty, f"full_image (no region: {exc})", None, None)
+    return Roi(region.astype(np.uint8) * 255, f"derived:{name}", None, "region")
 
 
 def _edit_roi(sample: Sample, source: np.ndarray) -> tuple[np.ndarray, str]:
