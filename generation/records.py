@@ -191,13 +191,19 @@ def decode_rgb(data: bytes, max_pixels: int | None = None) -> np.ndarray:
     with open_image(data, max_pixels) as im:
         try:
             im.load()
-            if im.mode == "I;16" or im.mode == "I":
-                arr = np.asarray(im, dtype=np.float64)
-                arr = (arr - arr.min()) / max(arr.max() - arr.min(), 1) * 255
-                return np.stack([arr.astype(np.uint8)] * 3, axis=-1)
-            return np.asarray(im.convert("RGB"))
+            return rgb_array(im)
         except (OSError, SyntaxError) as exc:
             raise ValueError(f"not a readable image: {exc}") from exc
+
+
+def rgb_array(image) -> np.ndarray:
+    """uint8 RGB of a loaded PIL image; a 16- or 32-bit grey one min-max scaled to 0-255 (whatever its byte order),
+    where PIL's own conversion would clip it."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        values = np.asarray(image, dtype=np.float64)
+        values = (values - values.min()) / max(values.max() - values.min(), 1) * 255
+        return np.repeat(values.astype(np.uint8)[..., None], 3, axis=-1)
+    return np.asarray(image.convert("RGB"))
 
 
 def encode_jpeg(array: np.ndarray, quality: int = 95) -> bytes:

@@ -167,3 +167,23 @@ def test_a_journalled_round_reads_back_as_the_attempt_that_wrote_it():
                                                                    "looks_realistic": True, "reason": "ok"}}
     read = attempt_from_round(original)
     assert read.instruction.text == "p" and read.verdict.qualified is True and read.verdict.fidelity_preserved is False
+
+
+def test_16_bit_grey_images_are_scaled_whatever_their_byte_order():
+    """A 16-bit image, little- or big-endian (TIFF keeps either), keeps its contrast: min-max scaled to 0-255 as the
+    generator and the masks read it, where PIL's own RGB conversion clips every value above 255 to white."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from medbanana.generation.records import decode_rgb
+
+    values = (np.arange(64 * 64).reshape(64, 64) * 12 + 1000).astype(np.uint16)
+    for mode, dtype in (("I;16", "<u2"), ("I;16B", ">u2")):
+        buffer = io.BytesIO()
+        Image.frombytes(mode, (64, 64), values.astype(dtype).tobytes()).save(buffer, "TIFF")
+        assert Image.open(io.BytesIO(buffer.getvalue())).mode == mode
+        rgb = decode_rgb(buffer.getvalue())
+        assert rgb.shape == (64, 64, 3) and rgb.min() == 0 and rgb.max() == 255
+        assert len(np.unique(rgb[..., 0])) > 200  # a ramp, not a clipped white
