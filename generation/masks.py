@@ -323,3 +323,17 @@ def _edit_value(shared: _Source, data: bytes) -> dict:
     rgb, size = decode_reduced(data, WORK_SIDE)
     wh = working_size(size)
     return png_value(changed(shared.reference(wh), _working(rgb, wh)), size)
+
+
+def attempt_mask_files(source: bytes, edited: bytes, modality: str | None,
+                       disease: str) -> tuple[bytes | None, bytes | None]:
+    """(edit mask, region mask) of one attempt image as PNG bytes, what the run stores beside the image
+    (layout.mask_relpaths): `task_masks` on the source's and the edit's bytes, so a build that copies them gets
+    what it would compute. None for a mask that cannot be made (an unreadable image, a label without a region);
+    bad image data never raises."""
+    try:
+        masks = task_masks({"": {"bytes": edited, "path": None}}, {"bytes": source, "path": None}, modality, disease)
+    except (ValueError, OSError, Image.DecompressionBombError):  # a decoder's surprise on hostile bytes: no mask
+        return None, None
+    edit = masks.edits.get("")
+    return (edit["bytes"] if edit else None), (masks.region["bytes"] if masks.region else None)

@@ -5,7 +5,9 @@ Shards may come from other machines, so every journal line is data: each `task` 
 (`schema.TASK_LINE`) and checked as the store writes it (`_check_record`: plain names the builder reads back, uid
 and key following from them, rounds 1..n, each image the path the layout gives for its round); each image is read
 only from inside its shard, must be a regular file there, and is written only inside --out (`layout.inside`,
-symlinks resolved). Every record of every shard is checked before anything is written: a refusal is one line naming
+symlinks resolved). An image's masks (layout.mask_relpaths) come along, before it, where the shard has them as
+regular files inside it; any other is left behind (a build recomputes a missing mask). Every record of every shard
+is checked before anything is written: a refusal is one line naming
 the shard, the journal line and the field, and --out is left as it was (not created, if it did not exist). --out
 is locked as any run directory being written (RunStore.open), the shards shared (lock.py). Records are merged as
 they are, rounds included, so that `--retry-failed` on the merged run continues an api_failed task after them."""
@@ -163,9 +165,9 @@ def _check_record(where: str, line: schema.TaskLine) -> None:
 
 
 def _checked_copies(run_dir: Path, out: Path, where: str, record: schema.JournalRecord) -> list[tuple[Path, Path]]:
-    """(source in the shard, destination in --out) of a checked record's images: each inside its root
-    (`layout.inside`), the source a regular file, the destination absent or a regular file; ValueError (or
-    UnsafePath) naming the shard, the journal line and the round otherwise."""
+    """(source in the shard, destination in --out) of a checked record's images, each after its masks
+    (`_mask_copies`): each inside its root (`layout.inside`), the source a regular file, the destination absent or
+    a regular file; ValueError (or UnsafePath) naming the shard, the journal line and the round otherwise."""
     copies = []
     for n, rnd in enumerate(record.rounds, 1):
         if rnd.image:
@@ -175,6 +177,24 @@ def _checked_copies(run_dir: Path, out: Path, where: str, record: schema.Journal
             if not _regular_file(src, f"{field} ({rnd.image} in the shard)"):
                 raise ValueError(f"{field} ({rnd.image}): no such file in the shard")
             _regular_file(dst, f"{field} ({rnd.image} in {out})")
+            copies += _mask_copies(run_dir, out, field, rnd.image)
+            copies.append((src, dst))
+    return copies
+
+
+def _mask_copies(run_dir: Path, out: Path, field: str, image: str) -> list[tuple[Path, Path]]:
+    """(source in the shard, destination in --out) of an image's masks that the shard holds as regular files
+    inside it; one missing, irregular or linked outside the shard is not carried (never followed or opened). The
+    destination is checked as an image's is."""
+    copies = []
+    for relpath in layout.mask_relpaths(image):
+        try:
+            src = layout.inside(run_dir, relpath, named_by=field)
+        except layout.UnsafePath:
+            continue
+        if not_regular(src) is None:
+            dst = layout.inside(out, relpath, named_by=field)
+            _regular_file(dst, f"{field} ({relpath} in {out})")
             copies.append((src, dst))
     return copies
 

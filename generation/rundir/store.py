@@ -8,8 +8,8 @@ journal: finished tasks are skipped and unfinished ones continue after their las
 One process writes a run directory at a time (lock.py), from `open` to `close`. Opening reconciles the disk with
 the journal, since a kill can land between an image's rename and its journal line or in the middle of a temp
 file: images no journal line names are removed when they carry this run's mark (a resumed round writes them
-again) and moved to medbanana-orphans/ otherwise, stale temp files are removed, and a task with rounds journalled
-after its last "task" line (a killed --retry-failed) is open again.
+again) and moved to medbanana-orphans/ otherwise, their masks removed (mask_files.py), stale temp files are removed,
+and a task with rounds journalled after its last "task" line (a killed --retry-failed) is open again.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from . import layout
+from . import layout, mask_files
 from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
 from .schema import attempt_from_round
@@ -128,7 +128,8 @@ class RunStore:
             self.reconciled["continued_tasks"] = len(self.reopened)
 
     def _reconcile(self, entries: list[dict]) -> None:
-        """Images in the layout that no journal line names go (`_orphan`); temp files of killed writes too."""
+        """Images in the layout that no journal line names go (`_orphan`), and so do their masks; temp files of
+        killed writes too."""
         named = set()
         for entry in entries:
             rounds = [entry["round"]] if entry["type"] == "round" else entry["record"].get("rounds") or []
@@ -149,6 +150,7 @@ class RunStore:
                             self.reconciled["temp_files"] += 1
                         elif name.lower().endswith(layout.IMAGE_SUFFIXES) and rel not in named:
                             self._orphan(rel)
+        mask_files.reconcile(self.run_dir, named, self.reconciled)
 
     def _orphan(self, rel: str) -> None:
         """An image no journal line names. One that a merge is about to link in, with its bytes, stays. One that
@@ -207,19 +209,25 @@ class RunStore:
         self._journal.flush()
         self._dirty = True
 
-    def write_attempt(self, task: Task, attempt: Attempt, image: EditedImage | None) -> None:
+    def write_attempt(self, task: Task, attempt: Attempt, image: EditedImage | None,
+                      masks: mask_files.MaskFiles | None = None) -> None:
         """A finished round: its image in place (`write_image`), then its journal line (`journal_attempt`)."""
-        self.write_image(task, attempt, image)
+        self.write_image(task, attempt, image, masks)
         self.journal_attempt(task, attempt)
 
-    def write_image(self, task: Task, attempt: Attempt, image: EditedImage | None) -> None:
-        """The round's image, marked (and signed), renamed into place; sets `attempt.image_relpath`. Safe on worker
-        threads, several at once (the local runner hands it to one when signing): it touches no shared state but
-        the signer's, which a lock keeps to one thread."""
+    def write_image(self, task: Task, attempt: Attempt, image: EditedImage | None,
+                    masks: mask_files.MaskFiles | None = None) -> None:
+        """The round's image, marked (and signed), renamed into place after its masks (`masks`, computed here
+        from the task's source when None: mask_files.py); sets `attempt.image_relpath`. Safe on worker threads,
+        several at once (the local runner hands it to one): it touches no shared state but the signer's, which a
+        lock keeps to one thread, and the mask module's thread-safe cache of sources."""
         if image is None:
             return
         attempt.image_relpath = layout.attempt_image_relpath(task.dataset, task.direction, task.source_id,
                                                              task.disease, attempt.round, attempt.accepted)
+        # the masks first: a kill before the image's journal line leaves companions that opening removes
+        mask_files.write(self.run_dir, attempt.image_relpath,
+                         mask_files.compute(task, image.data) if masks is None else masks)
         # every image we write says it is synthetic (IPTC DigitalSourceType in XMP), pixels untouched
         marked = mark_synthetic(image.data, self.config["run_id"], self.config.get("models"),
                                 source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE),

@@ -4,10 +4,10 @@ A client library spends several milliseconds of CPU per call (request conversion
 HTTP stack), so one process saturates a core near a hundred calls a second. With N workers each process runs its
 share of the tasks in flight on its own event loop with its own backends, built from the same `BackendSpec`
 (each with 1/N of the --rpm and --tpm budget). The parent keeps the one run directory: workers send each finished
-round (record and image bytes) and each finished task over a pipe, and the parent writes images, journal lines
-and JSON files exactly as a single-process run does, so resume, crash safety and the layout are unchanged. The
-parent alone holds the run directory's lock (workers are spawned, so they inherit no descriptor of it).
-Parent and workers talk in the small message classes below.
+round (record, image bytes and the image's masks, computed in the worker) and each finished task over a pipe, and
+the parent writes images, masks, journal lines and JSON files exactly as a single-process run does, so resume,
+crash safety and the layout are unchanged. The parent alone holds the run directory's lock (workers are spawned,
+so they inherit no descriptor of it). Parent and workers talk in the small message classes below.
 
 A worker exits when its pipe from the parent closes (the parent was killed): nothing is left running. A worker
 that dies stops the run with an error; every round it finished is in the journal, so rerunning resumes.
@@ -29,6 +29,7 @@ from pathlib import Path
 from ..failures import EXIT_INFRASTRUCTURE
 from ..loop import acceptance_policy
 from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
+from ..rundir import mask_files
 from .local import _SourceCache, run_one_task
 from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients
 
@@ -95,10 +96,13 @@ class Stop:
 
 @dataclass(frozen=True)
 class RoundDone:
-    """Worker -> parent: a finished round of a task, with its image's bytes (None after a refused edit)."""
+    """Worker -> parent: a finished round of a task, with its image's bytes (None after a refused edit) and the
+    image's masks (rundir/mask_files.py), made in the worker so that the parent, which writes every worker's
+    rounds, only writes them."""
     uid: str
     attempt: Attempt
     image: bytes | None
+    masks: mask_files.MaskFiles | None = None
 
 
 @dataclass(frozen=True)
@@ -147,13 +151,14 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
                      name="medbanana-worker-inbox", daemon=True).start()
 
     # Messages go out from a thread of their own, in order: a round's image fills the pipe while the parent is
-    # busy writing another worker's, and that wait must not stall this loop's calls in flight.
+    # busy writing another worker's, and that wait must not stall this loop's calls in flight. The thread also
+    # makes each round's masks (milliseconds of CPU), off this loop.
     outbox: queue.SimpleQueue = queue.SimpleQueue()
     sender = threading.Thread(target=_send_all, args=(outbox, results), name="medbanana-worker-outbox", daemon=True)
     sender.start()
 
     def send_round(task: Task, attempt: Attempt, image: EditedImage | None) -> None:
-        outbox.put(RoundDone(task.uid, attempt, image.data if image is not None else None))
+        outbox.put(lambda: round_done(task, attempt, image.data if image is not None else None))
 
     async def slot() -> None:
         while isinstance(message := await inbox.get(), RunTask):
@@ -169,9 +174,17 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
     await asyncio.to_thread(sender.join)
 
 
+def round_done(task: Task, attempt: Attempt, image: bytes | None) -> RoundDone:
+    """A round's message, with its image's masks made here (in the worker)."""
+    return RoundDone(task.uid, attempt, image, None if image is None else mask_files.compute(task, image))
+
+
 def _send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
-    """Send the outbox's messages to the parent until None; a parent gone ends the worker."""
+    """Send the outbox's messages to the parent until None (a callable is made into its message first); a parent
+    gone ends the worker."""
     while (message := outbox.get()) is not None:
+        if callable(message):
+            message = message()
         try:
             results.send(message)
         except OSError:
@@ -258,7 +271,7 @@ class _Pool:
         if isinstance(message, RoundDone):
             task, attempts = self.running[message.uid]
             image = EditedImage(data=message.image) if message.image is not None else None
-            self.store.write_attempt(task, message.attempt, image)
+            self.store.write_attempt(task, message.attempt, image, message.masks)
             attempts.append(message.attempt)
         elif isinstance(message, TaskDone):
             task, attempts = self.running.pop(message.uid)

@@ -27,7 +27,7 @@ import pytest
 from conftest import write_jpeg
 from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
 from medbanana.cli import main
-from medbanana.generation.rundir import layout
+from medbanana.generation.rundir import layout, mask_files
 from medbanana.generation.testing.fake_gemini import FakeGemini
 from medbanana.generation.rundir.lock import EXIT_LOCKED, LOCK_NAME, LockHeld, hold_lock
 from medbanana.generation.rundir.provenance import mark_synthetic
@@ -96,7 +96,8 @@ def _assert_consistent(out: Path, tasks: set[str]) -> dict[str, dict]:
             named.update(r["image"] for r in record["rounds"] if r["image"])
     assert sorted(keys) == sorted(r["key"] for r in final.values())
     on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.suffix in (".jpeg", ".png")}
-    assert on_disk == named
+    masks = {rel for rel in on_disk if rel.startswith(layout.MASKS + "/")}  # each beside an image named, and no other
+    assert on_disk - masks == named and {mask_files.image_of(rel) for rel in masks} <= named
     assert not (out / ORPHANS).exists()  # every image was this run's own: none needed setting aside
     return final
 
