@@ -38,7 +38,7 @@ from scipy import ndimage
 
 from .anatomy import ANAT, MARGIN_GRID, REGION_MARGIN, estimate_anatomy, grown_region, typical_anatomy
 from .raster import SourceCache, fill_holes, padded_box, resize_rgb
-from .records import open_image
+from .records import open_image, rgb_array
 from .taxonomy import load_taxonomy
 
 WORK_SIDE = 160  # working size: cost independent of the image's, fine enough for a finding's outline
@@ -64,15 +64,6 @@ MASK_METHOD = (f"edit_mask: |edit - source| per channel at {WORK_SIDE} px (longe
 RECOMPUTE = "medbanana.generation.masks.edit_mask(source, edited) and region_mask(modality, disease, size, source)"
 
 
-def as_rgb(image: Image.Image) -> np.ndarray:
-    """uint8 RGB of any PIL image; 16-bit min-max scaled as the generator reads sources (records.decode_rgb)."""
-    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-        values = np.asarray(image, dtype=np.float64)
-        values = (values - values.min()) / max(values.max() - values.min(), 1) * 255
-        return np.repeat(values.astype(np.uint8)[..., None], 3, axis=-1)
-    return np.asarray(image.convert("RGB"))
-
-
 def decode_reduced(data: bytes, side: int) -> tuple[np.ndarray, tuple[int, int]]:
     """uint8 RGB of image bytes, a JPEG decoded at the smallest DCT scale whose longest side is still >= `side`
     (other formats whole), and the image's own (width, height). ValueError for an unreadable image."""
@@ -83,7 +74,7 @@ def decode_reduced(data: bytes, side: int) -> tuple[np.ndarray, tuple[int, int]]
             image.draft("RGB", (math.ceil(size[0] * scale), math.ceil(size[1] * scale)))
         try:
             image.load()
-            return as_rgb(image), size
+            return rgb_array(image), size
         except (OSError, SyntaxError) as exc:
             raise ValueError(f"not a readable image: {exc}") from exc
 
@@ -215,7 +206,7 @@ def _upsampled(image: Image.Image, wh: tuple[int, int]) -> Image.Image:
 def edit_mask(source: Image.Image, edited: Image.Image) -> Image.Image:
     """Where `edited` differs from `source` beyond the pair's noise (module docstring): mode "L", 0/255, the
     edit's size."""
-    return _png_mode(edit_mask_array(as_rgb(source), as_rgb(edited)))
+    return _png_mode(edit_mask_array(rgb_array(source), rgb_array(edited)))
 
 
 def _region_grid(modality: str | None, disease: str, anatomy_of) -> tuple[np.ndarray, str]:
@@ -239,7 +230,7 @@ def region_array(modality: str | None, disease: str, size: tuple[int, int],
 
 def region_mask(modality: str, disease: str, size: tuple[int, int], source: Image.Image | None = None) -> Image.Image:
     """The task's coarse anatomical region (module docstring) at `size` = (width, height): mode "L", 0/255."""
-    return _png_mode(region_array(modality, disease, size, None if source is None else as_rgb(source))[0])
+    return _png_mode(region_array(modality, disease, size, None if source is None else rgb_array(source))[0])
 
 
 def _png_mode(mask: np.ndarray) -> Image.Image:

@@ -116,13 +116,25 @@ def test_the_demo_dataset_carries_masks_that_sit_on_the_simulators_lesions(tmp_p
     assert json.loads((out / "dataset" / "medbanana-build.json").read_text())["mask_method"] == masks.MASK_METHOD
 
 
-def test_a_build_without_sources_leaves_the_masks_null_and_says_so(tmp_path):
+def test_a_runs_stored_masks_need_no_sources_and_a_run_without_them_gets_null_masks(tmp_path):
+    """The demo's run stores each attempt image's masks when it writes it: a build without sources carries them.
+    The same run with its masks folder gone (as a released run comes) built without sources: null, and said."""
+    import shutil
+
     from medbanana.demo import run_demo
 
     run_demo(tmp_path / "demo", n_normal=1, n_diseased=0, size=128, quiet=True, max_rounds=2)
-    assert main(["build", str(tmp_path / "demo" / "run"), "--out", str(tmp_path / "plain"), "-q"]) == 0
-    failed = load_dataset(str(tmp_path / "plain"), "failed", split="train", streaming=True)
-    row = next(iter(failed))
+    run = tmp_path / "demo" / "run"
+    assert main(["build", str(run), "--out", str(tmp_path / "stored"), "-q"]) == 0
+    failed = list(load_dataset(str(tmp_path / "stored"), "failed", split="train"))
+    assert failed and all(r["edit_mask"] is not None and r["region_mask"] is not None for r in failed)
+    assert all(r["edit_mask"].size == r["edited_image"].size for r in failed)
+    info = json.loads((tmp_path / "stored" / "medbanana-build.json").read_text())
+    assert set(info["stats"]["edit_masks"]) == {"stored"} and info["mask_method"] == masks.MASK_METHOD
+
+    shutil.rmtree(run / layout.MASKS)
+    assert main(["build", str(run), "--out", str(tmp_path / "plain"), "-q"]) == 0
+    row = next(iter(load_dataset(str(tmp_path / "plain"), "failed", split="train", streaming=True)))
     assert row["edit_mask"] is None and row["region_mask"] is None
     card = (tmp_path / "plain" / "README.md").read_text()
     assert "In this build they are null" in card and "--source-images" in card
