@@ -14,6 +14,7 @@ from pathlib import Path
 from ..backends import Editor, InstructionWriter, Judge
 from ..loop import Acceptance, OnRound, acceptance_policy, refine_task
 from ..records import DEFAULT_MAX_PIXELS, ApiFailure, Attempt, SourceImage, Task, TaskOutcome, open_image
+from ..rundir.mask_files import MaskProcess
 from .session import RunOptions, RunSession, RunSummary  # RunOptions, RunSummary: also imported from here
 
 
@@ -86,11 +87,15 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         for task in session.todo:
             queue.put_nowait(task)
 
+        masks = MaskProcess()
+
         async def store_round(task: Task, attempt: Attempt, image) -> None:
-            # An image's masks (5-15 ms of CPU) and its signature take milliseconds: a worker thread writes it
-            # while the event loop keeps the calls in flight moving. The journal line follows the image, here.
+            # An image's masks (5-15 ms of CPU) are made in a process of their own and its signature (milliseconds)
+            # in a worker thread, while the event loop keeps the calls in flight moving. The journal line follows
+            # the image, here.
             if image is not None:
-                await asyncio.to_thread(store.write_image, task, attempt, image)
+                made = await masks.compute(task, image.data)
+                await asyncio.to_thread(store.write_image, task, attempt, image, made)
             store.journal_attempt(task, attempt)
 
         async def worker() -> None:
@@ -102,6 +107,7 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         try:
             await asyncio.gather(*(worker() for _ in range(max(1, options.concurrency))))
         finally:
+            masks.close()
             await session.close_clients(writer, editor, judge)
         return session.end()
 
