@@ -201,8 +201,15 @@ def test_rows_without_a_usable_mask_or_source_are_skipped_with_the_reason(corrup
 
 
 def test_a_dataset_without_masks_is_refused_with_the_reason(demo_run_root, tmp_path, capsys):
-    plain = tmp_path / "plain"  # built without --source-images: the masks are null
-    assert main(["build", str(demo_run_root / "demo-run" / "run"), "--out", str(plain), "-q"]) == 0
+    import shutil
+
+    from medbanana.generation.rundir import layout
+
+    # a run that stored no masks (a released one), built without --source-images: the masks are null
+    run = shutil.copytree(demo_run_root / "demo-run" / "run", tmp_path / "run", symlinks=True)
+    shutil.rmtree(run / layout.MASKS)
+    plain = tmp_path / "plain"
+    assert main(["build", str(run), "--out", str(plain), "-q"]) == 0
     rows = load_medbanana(plain, "sft").num_rows
     capsys.readouterr()
     code = main(["export", "medebench", str(plain), "--out", str(tmp_path / "out"), "-q",
