@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import datasets
@@ -28,6 +29,8 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
             raise ValueError(f"{local} has no {config} config: build it with `medbanana build ... --reviews "
                              "REVIEW_DIR` (answers of `medbanana review`)")
         path_or_repo = str(local)
+        if "data_files" not in load_kwargs and (files := shard_files(local, config)):
+            load_kwargs["data_files"] = files
     elif written_as_path(str(path_or_repo)) or local.exists():
         raise FileNotFoundError(f"no dataset folder at {path_or_repo} ({local.resolve()}): give the folder written "
                                 "by `medbanana build`, or a Hub dataset repo id")
@@ -74,6 +77,21 @@ def to_pandas(ds):
 def written_as_path(name: str) -> bool:
     """`./x`, `/x`, `~/x` or `a/b/c` can only mean a folder (a Hub repo id is NAME or ORG/NAME)."""
     return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def shard_files(folder: Path, config: str) -> dict[str, list[str]]:
+    """split -> the config's shard files in a built folder (`<split>-0000i-of-0000n.parquet`), named to
+    `load_dataset` so that its cache follows the files (their paths and modification times). By the folder's path
+    alone datasets 5.x keys the cache on the card's YAML (schema, row counts and sizes): a folder rebuilt in place
+    with the same counts and sizes would give the earlier build's rows."""
+    files: dict[str, list[str]] = {}
+    for path in sorted((folder / config).glob("*.parquet")):
+        if match := _SHARD_NAME.fullmatch(path.name):
+            files.setdefault(match["split"], []).append(str(path))
+    return files
+
+
+_SHARD_NAME = re.compile(r"(?P<split>\w+)-\d{5}-of-\d{5}\.parquet")
 
 
 def _check_built_folder(folder: Path) -> None:

@@ -229,3 +229,23 @@ def test_recipes_without_the_training_stack_say_how_to_install_it(monkeypatch):
     for recipe in (refiner_dpo, judge_sft, editor_diffusion_dpo):
         with pytest.raises(ImportError, match=r"pip install 'medbanana\[train\]'"):
             recipe.make_parser()
+
+
+def test_a_folder_rewritten_in_place_loads_its_new_rows_and_an_unchanged_one_reuses_the_cache(demo_dataset, tmp_path):
+    """datasets 5.x keys a local folder's cache on its name and its card's YAML (schema, counts, sizes) alone: a
+    shard rewritten under an unchanged card, as a rebuild in place with the same counts and sizes leaves it, must
+    not load the earlier rows (the copy's name, `dataset`, is also the session's demo dataset's)."""
+    import shutil
+
+    folder = shutil.copytree(demo_dataset, tmp_path / "dataset")
+    first = load_medbanana(folder, "sft")
+    assert load_medbanana(folder, "sft").cache_files == first.cache_files  # unchanged: the same cache
+    (shard,) = (folder / "sft").glob("*.parquet")
+    card = (folder / "README.md").read_bytes()
+    changed = datasets.Dataset.from_parquet(str(shard), cache_dir=str(tmp_path / "cache"))
+    changed = changed.map(lambda row, i: {"instruction": f"rewritten {i}"}, with_indices=True)
+    changed.to_parquet(str(shard))
+    assert (folder / "README.md").read_bytes() == card
+    again = load_medbanana(folder, "sft")
+    assert again.num_rows == first.num_rows and again.cache_files != first.cache_files
+    assert again["instruction"] == [f"rewritten {i}" for i in range(first.num_rows)]
