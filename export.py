@@ -6,6 +6,7 @@ a second), which every `medbanana` command would then pay just to build its pars
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def register(sub) -> None:
                            help="source images for a dataset built without them (as `build --source-images`)")
     medebench.add_argument("--force", action="store_true",
                            help="write into a non-empty --out, replacing its editing/ folder")
+    medebench.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+                           help="threads encoding the PNGs, the export's main cost (default: one per CPU, at most 4)")
     medebench.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     medebench.set_defaults(func=run_medebench)
 
@@ -56,7 +59,7 @@ def run_medebench(args) -> int:
 
     try:
         summary = export_medebench(args.dataset, args.out, split=args.split, source_images=args.source_images,
-                                   force=args.force, progress=progress)
+                                   force=args.force, workers=args.workers, progress=progress)
     except BuildError as exc:  # a refused --out: one line, as `build` says it
         print(f"medbanana export: error: {exc}", file=sys.stderr)
         return 2

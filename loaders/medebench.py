@@ -22,7 +22,8 @@ import contextlib
 import json
 import os
 import shutil
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,11 +60,12 @@ class ExportSummary:
 
 
 def export_medebench(dataset: Path, out: Path, *, split: str | None = None, source_images: Path | None = None,
-                     force: bool = False, progress=None) -> ExportSummary:
+                     force: bool = False, workers: int = 2, progress=None) -> ExportSummary:
     """Write OUT/editing/ (the metadata, three image folders and `medbanana-export.json`) from DATASET's sft rows.
 
     OUT must be new or empty; with `force` its `editing/` folder is replaced (built beside it, swapped in by one
-    rename) and anything else in it is kept, so OUT may be a MedEBench checkout. Refusals (BuildError, ValueError,
+    rename) and anything else in it is kept, so OUT may be a MedEBench checkout. `workers` threads encode the
+    PNGs. Refusals (BuildError, ValueError,
     FileNotFoundError) come before anything is written; `progress()` is called once per row read."""
     from .hub import load_medbanana
 
@@ -78,7 +80,7 @@ def export_medebench(dataset: Path, out: Path, *, split: str | None = None, sour
         with output_lock(target):
             remove_stale_staging(target)  # what a killed export left, `.editing.building-PID`, under this lock
             finish_interrupted_swap(target, remove=shutil.rmtree)  # and `.editing.previous-PID` (killed mid-swap)
-            summary = _write_and_publish(rows, out, target, dataset, progress)
+            summary = _write_and_publish(rows, out, target, dataset, progress, workers)
     except BaseException:
         if created:  # a failed export into a new folder leaves no folder (the lock file is gone by now)
             with contextlib.suppress(OSError):
@@ -87,10 +89,10 @@ def export_medebench(dataset: Path, out: Path, *, split: str | None = None, sour
     return summary
 
 
-def _write_and_publish(rows, out: Path, target: Path, dataset: Path, progress) -> ExportSummary:
+def _write_and_publish(rows, out: Path, target: Path, dataset: Path, progress, workers: int) -> ExportSummary:
     staging = out / f".{FOLDER}.building-{os.getpid()}"
     try:
-        summary = _write(rows, staging, progress)
+        summary = _write(rows, staging, progress, workers)
         summary.folder = target
         if not summary.exported:
             reasons = "; ".join(f"{len(uids)} {reason}" for reason, uids in summary.skipped.items())
@@ -138,28 +140,35 @@ def _rows(parts: dict):
             yield name, row
 
 
-def _write(rows, staging: Path, progress) -> ExportSummary:
+def _write(rows, staging: Path, progress, workers: int) -> ExportSummary:
+    """Decode each row here (an unreadable image is the row's reason to be skipped, so ids stay contiguous) and
+    encode its PNGs on `workers` threads (Pillow's encoder releases the GIL: the export's main cost)."""
     for name in IMAGE_DIRS:
         (staging / name).mkdir(parents=True)
-    summary, samples = ExportSummary(folder=staging), []
-    for split, row in rows:
-        summary.rows += 1
-        if progress is not None:
-            progress()
-        sample_id = summary.exported + 1
-        uid = row["uid"]
-        reason, images = _images(row)
-        if reason is None:
-            try:
-                _save_images(staging, sample_id, *images)
-            except ValueError as exc:  # an undecodable image: this row's reason (one per image, so they count)
-                reason = str(exc)
-        if reason is not None:
-            summary.skip(reason, uid)
-            continue
-        summary.exported += 1
-        summary.roi[images[3]] += 1
-        samples.append(_sample(sample_id, row, split, images[3]))
+    summary, samples, pending = ExportSummary(folder=staging), [], deque()
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="medebench-png") as pool:
+        for split, row in rows:
+            summary.rows += 1
+            if progress is not None:
+                progress()
+            uid = row["uid"]
+            reason, images = _images(row)
+            if reason is None:
+                try:
+                    decoded = _decoded(*images)
+                except ValueError as exc:  # an undecodable image: this row's reason (one per image, so they count)
+                    reason = str(exc)
+            if reason is not None:
+                summary.skip(reason, uid)
+                continue
+            summary.exported += 1
+            summary.roi[images[3]] += 1
+            samples.append(_sample(summary.exported, row, split, images[3]))
+            pending.append(pool.submit(_save_images, staging, summary.exported, decoded))
+            while len(pending) > 2 * workers:  # decoded images wait in memory: a few rows' worth at most
+                pending.popleft().result()
+        for saved in pending:
+            saved.result()  # an encoder's or the disk's error ends the export here (nothing is published)
     # ASCII JSON (json's default escapes): MedEBench opens it without an encoding, i.e. in the locale's
     atomic_write_text(staging / METADATA, json.dumps({"samples": samples}, indent=2))
     atomic_write_text(staging / REPORT, json.dumps(
@@ -186,8 +195,9 @@ def _bytes(value) -> bytes | None:
     return value.get("bytes") if isinstance(value, dict) else None
 
 
-def _save_images(staging: Path, sample_id: int, source: bytes, edited: bytes, mask: bytes, column: str) -> None:
-    """All three decoded first, so that a row skipped for an unreadable image leaves no file behind."""
+def _decoded(source: bytes, edited: bytes, mask: bytes, column: str) -> tuple:
+    """(previous, changed, previous_mask) as PIL images, all three decoded before any file is written, so that a
+    row skipped for an unreadable image leaves none behind; ValueError naming the unreadable one."""
     from PIL import Image
 
     previous, changed = _pixels(source, "source image"), _pixels(edited, "edited image")
@@ -198,8 +208,12 @@ def _save_images(staging: Path, sample_id: int, source: bytes, edited: bytes, ma
         raise ValueError(f"unreadable {column}") from None
     if roi.size != previous.size:  # a mask is the edit's size; MedEBench's previous_mask is the input's
         roi = roi.resize(previous.size, Image.NEAREST)
+    return previous, changed, roi
+
+
+def _save_images(staging: Path, sample_id: int, images: tuple) -> None:
     name = f"{sample_id}.png"
-    for folder, image in (("previous", previous), ("changed", changed), ("previous_mask", roi)):
+    for folder, image in zip(IMAGE_DIRS, images):
         image.save(inside(staging, f"{folder}/{name}"), compress_level=PNG_LEVEL)
 
 
