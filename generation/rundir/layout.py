@@ -9,8 +9,9 @@ Per source dataset folder {D} and direction (the add direction is called "edit" 
     {D}-{edit|remove}/{progress,api_failures,final_prompts,all_conversations}.json
     {D}-{edit|remove}-failed/failed_summary.json
 
-Ours beside them: medbanana-*.json(l) files, and medbanana-masks/{image}.edit.png and .region.png per attempt image
-(its edit mask and its task's region, generation/masks.py, computed when the image was written).
+Ours beside them: medbanana-*.json(l) files, medbanana-masks/{image}.edit.png and .region.png per attempt image
+(its edit mask and its task's region, generation/masks.py, computed when the image was written), and
+medbanana-orphans/{image} (images of another origin set aside on opening).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ RUN_CONFIG = "medbanana-run.json"
 STATS = "medbanana-stats.json"
 SOURCES_MANIFEST = "medbanana-sources.json"
 MASKS = "medbanana-masks"  # an attempt image's masks (`mask_relpaths`), mirroring the images' paths
+ORPHANS = "medbanana-orphans"  # images on opening that no journal line names and this run did not write
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")  # image files of a run (attempts, sources found by the builder)
 # {D}-edit, {D}-remove, {D}-edit-failed, {D}-remove-failed
@@ -156,3 +158,38 @@ def inside_named_folder(run_dir: Path, folder: str, relative: str | Path, *, nam
     if top != folder:
         inside(run_dir, top, named_by=named_by)
     return inside(Path(run_dir) / top, rest or ".", named_by=named_by)
+
+
+_FILE_NAMES = frozenset({PROGRESS, API_FAILURES, FINAL_PROMPTS, ALL_CONVERSATIONS, FAILED_SUMMARY})
+
+
+def folders_leading_out(run_dir: Path) -> list[str]:
+    """The folders a run writes into that lead outside `run_dir` through a symlink (or one that dangles or loops):
+    `{D}-edit`... and their class folders, MASKS and ORPHANS and their mirrors of those. Writing there would write
+    outside the run. Run-relative paths, sorted; a link that stays inside is followed and the folders below it
+    checked in turn; other names (a user's notes folder) are not looked at."""
+    run_dir = Path(run_dir)
+    found: list[str] = []
+
+    def leads_out(path: Path) -> bool:
+        if path.is_symlink():
+            try:
+                inside(run_dir, path.relative_to(run_dir))
+            except UnsafePath:
+                found.append(path.relative_to(run_dir).as_posix())
+                return True
+        return False
+
+    def output_folders(parent: Path) -> None:  # {D}-edit... and their class folders
+        for path in sorted(parent.iterdir()):
+            if is_layout_dir(path.name) and not leads_out(path) and path.is_dir():
+                for child in sorted(path.iterdir()):  # a link at a file's name is replaced, never written through
+                    if child.name not in _FILE_NAMES and not child.is_file():
+                        leads_out(child)
+
+    if run_dir.is_dir():
+        output_folders(run_dir)
+        for mirror in (run_dir / MASKS, run_dir / ORPHANS):
+            if not leads_out(mirror) and mirror.is_dir():
+                output_folders(mirror)
+    return sorted(found)

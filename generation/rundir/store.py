@@ -34,7 +34,7 @@ from ..files import (TEMP_NAME, atomic_write_bytes, atomic_write_json, open_appe
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
 IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed", "c2pa")
-ORPHANS = "medbanana-orphans"  # images on opening that no journal line names and this run did not write
+ORPHANS = layout.ORPHANS  # images on opening that no journal line names and this run did not write
 
 
 class RunConfigMismatch(RuntimeError):
@@ -78,6 +78,12 @@ class RunStore:
             raise
 
     def _open(self) -> "RunStore":
+        leading_out = layout.folders_leading_out(self.run_dir)
+        if leading_out:  # e.g. a run from elsewhere: its images would be written wherever its links point
+            raise layout.UnsafePath(
+                f"{self.run_dir / leading_out[0]} is a link leading outside the run directory"
+                f"{f' (and {len(leading_out) - 1} more)' if len(leading_out) > 1 else ''}: a run writes only inside "
+                "its folder; replace each such link by the folder itself")
         cfg_path = self.run_dir / layout.RUN_CONFIG
         if cfg_path.exists():
             old = json.loads(cfg_path.read_text())
@@ -225,6 +231,8 @@ class RunStore:
             return
         attempt.image_relpath = layout.attempt_image_relpath(task.dataset, task.direction, task.source_id,
                                                              task.disease, attempt.round, attempt.accepted)
+        for relpath in (attempt.image_relpath, *layout.mask_relpaths(attempt.image_relpath)):
+            layout.inside(self.run_dir, relpath, named_by="the run's layout")  # a link made since opening: refused
         # the masks first: a kill before the image's journal line leaves companions that opening removes
         mask_files.write(self.run_dir, attempt.image_relpath,
                          mask_files.compute(task, image.data) if masks is None else masks)

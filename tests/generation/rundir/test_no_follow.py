@@ -4,13 +4,14 @@ Each test plants links (dangling, and to an existing file) outside the folder th
 (`keys init`, `generate`, `build`) and checks that nothing outside was created or changed: keys refuse a link at
 their names (or, with --force, replace the link), a lock file that is a link is refused with one line, the run's
 JSON files (temp file + rename) replace a link, the journal and prepare's manifest (appended to) refuse
-one, and a cache log is never opened through a link.
+one, and a cache log is never opened through a link. A run whose folders are links out of it is not opened.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from conftest import write_jpeg
 from medbanana.cli import main
 from medbanana.generation.backends.response_cache import ResponseCache
-from medbanana.generation.files import atomic_write_bytes, create_new
+from medbanana.generation.files import atomic_write_bytes, create_new, read_jsonl
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.lock import LOCK_NAME
 
@@ -178,3 +179,76 @@ def test_temp_files_and_cache_logs_are_never_opened_through_a_planted_link(tmp_p
     atomic_write_bytes(tmp_path / "existing", b"new")  # a link at the target itself is replaced by the file
     assert not (tmp_path / "existing").is_symlink() and (tmp_path / "existing").read_bytes() == b"new"
     _assert_untouched(outside)
+
+
+# ---------------------------------------------------------------- folders of the run that lead out of it
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _linked_out_folder(run: Path, where: str) -> str:
+    """The run-relative folder that `where` names in a finished run."""
+    image = next(e["round"]["image"] for e in read_jsonl(run / layout.JOURNAL) if e["type"] == "round")
+    mask_folder = Path(layout.mask_relpaths(image)[0]).parent
+    return {"output folder": image.split("/")[0], "class folder": str(Path(image).parent),
+            "masks folder": layout.MASKS, "masks mirror": str(mask_folder.parent), "masks class": str(mask_folder),
+            "orphans folder": layout.ORPHANS}[where]
+
+
+@pytest.mark.parametrize("where", ["output folder", "class folder", "masks folder", "masks mirror", "masks class",
+                                   "orphans folder"])
+def test_a_run_with_a_folder_linked_out_of_it_is_refused_before_anything_is_written(tmp_path, sources, capsys, where):
+    """A run from elsewhere whose folders are links out of it: resuming it would write its images, masks and JSON
+    files wherever the links point."""
+    run = tmp_path / "run"
+    assert _generate(sources, run) == 0
+    rel = _linked_out_folder(run, where)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if (run / rel).exists():
+        shutil.move(run / rel, elsewhere / "moved")
+    else:
+        (elsewhere / "moved").mkdir()
+    (run / rel).symlink_to(elsewhere / "moved", target_is_directory=True)
+    (run / layout.JOURNAL).unlink()  # a fresh start: every image and file would be written again
+    before, config = _files(elsewhere), (run / layout.RUN_CONFIG).read_bytes()
+    assert _generate(sources, run) == 2
+    err = _one_line(capsys)
+    assert f"{run / rel} is a link leading outside the run directory" in err
+    assert _files(elsewhere) == before and (run / layout.RUN_CONFIG).read_bytes() == config
+    assert not (run / layout.JOURNAL).exists()
+
+
+def test_a_folder_linked_inside_the_run_is_written_through(tmp_path, sources):
+    run = tmp_path / "run"
+    assert _generate(sources, run) == 0
+    rel = _linked_out_folder(run, "output folder")  # the first journalled image's
+    shutil.move(run / rel, run / "kept-here")
+    (run / rel).symlink_to("kept-here", target_is_directory=True)  # relative: stays inside wherever the run goes
+    written = sorted(_files(run / "kept-here"))
+    shutil.rmtree(run / "kept-here")
+    (run / "kept-here").mkdir()
+    (run / layout.JOURNAL).unlink()  # a fresh start: the same images and files are written again, through the link
+    assert layout.folders_leading_out(run) == []
+    assert _generate(sources, run) == 0
+    assert (run / rel).is_symlink() and sorted(_files(run / "kept-here")) == written and written
+
+
+def test_a_folder_linked_out_after_opening_is_not_written_through(tmp_path, outside):
+    """Opening refuses the links it finds; a link made while the run is open is refused at each write."""
+    from medbanana.generation.records import Attempt, EditedImage, Instruction, Task
+    from medbanana.generation.rundir.store import RunStore
+
+    source = write_jpeg(tmp_path / "sources" / "MIMIC_s" / "normal" / "n0.jpeg", 1, size=64)
+    store = RunStore(tmp_path / "run", {"backends": {}, "max_rounds": 2, "run_id": "r1"}).open()
+    task = Task("MIMIC_s", "chest_xray", "Pneumothorax", "add", source, source.parent.parent.parent)
+    attempt = Attempt(round=1, instruction=Instruction("add a pneumothorax"))
+    (store.run_dir / "MIMIC_s-edit-failed").symlink_to(outside, target_is_directory=True)
+    try:
+        with pytest.raises(layout.UnsafePath, match="leads outside"):
+            store.write_attempt(task, attempt, EditedImage(source.read_bytes()))
+    finally:
+        store.close()
+    _assert_untouched(outside)
+    assert not (store.run_dir / layout.MASKS).exists()
