@@ -4,6 +4,7 @@ import doctest
 import io
 import json
 import sys
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -231,13 +232,16 @@ def test_recipes_without_the_training_stack_say_how_to_install_it(monkeypatch):
             recipe.make_parser()
 
 
-def test_a_folder_rewritten_in_place_loads_its_new_rows_and_an_unchanged_one_reuses_the_cache(demo_dataset, tmp_path):
+def test_a_folder_rewritten_in_place_loads_its_new_rows_and_an_unchanged_one_reuses_the_cache(demo_dataset, tmp_path,
+                                                                                                 monkeypatch):
     """datasets 5.x keys a local folder's cache on its name and its card's YAML (schema, counts, sizes) alone: a
     shard rewritten under an unchanged card, as a rebuild in place with the same counts and sizes leaves it, must
     not load the earlier rows (the copy's name, `dataset`, is also the session's demo dataset's)."""
     import shutil
 
-    folder = shutil.copytree(demo_dataset, tmp_path / "dataset")
+    shutil.copytree(demo_dataset, tmp_path / "dataset")
+    monkeypatch.chdir(tmp_path)
+    folder = Path("dataset")  # relative, as a user types it
     first = load_medbanana(folder, "sft")
     assert load_medbanana(folder, "sft").cache_files == first.cache_files  # unchanged: the same cache
     (shard,) = (folder / "sft").glob("*.parquet")
