@@ -19,7 +19,7 @@ from .runs import AttemptRecord, TaskRecord
 from .safety import Confined
 
 if TYPE_CHECKING:
-    from ..generation.masks import TaskMasks
+    from ..generation.records import TaskMasks
 
 Images = dict[str, dict | None]  # run-relative path -> image value (None: file missing)
 

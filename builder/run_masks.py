@@ -17,6 +17,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ..generation.records import TaskMasks
 from ..generation.rundir import layout
 from .runs import TaskRecord
 from .safety import PNG_MAGIC, Confined, Refused, inside
@@ -76,9 +77,7 @@ def _mask_value(data: bytes | None, size: tuple[int, int] | None) -> dict | None
 
 def stored_masks(task: TaskRecord, images: dict[str, dict | None], confined: Confined, root: Path | None):
     """The masks the run stored (in its masks folder `root`, None: it has none) beside each of the task's attempt
-    images, as a generation.masks.TaskMasks (None where there is none usable)."""
-    from ..generation.masks import TaskMasks
-
+    images, as a TaskMasks (None where there is none usable)."""
     masks = TaskMasks()
     for relpath, value in images.items():
         masks.edits[relpath] = None
@@ -94,7 +93,7 @@ def stored_masks(task: TaskRecord, images: dict[str, dict | None], confined: Con
 
 def row_masks(task: TaskRecord, images: dict[str, dict | None], source: dict | None, confined: Confined,
               folders: MaskFolders, origins: Counter | None = None):
-    """The task's masks (a generation.masks.TaskMasks): stored ones, the rest computed from `source` when there is
+    """The task's masks (a TaskMasks): stored ones, the rest computed from `source` when there is
     one; None when there are neither (null columns). `origins` counts each attempt image's edit mask by STORED /
     COMPUTED / MISSING. A run without masks built without sources imports no scipy (a spawned worker starts
     faster)."""

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
@@ -38,7 +37,7 @@ from scipy import ndimage
 
 from .anatomy import ANAT, MARGIN_GRID, REGION_MARGIN, estimate_anatomy, grown_region, typical_anatomy
 from .raster import SourceCache, fill_holes, padded_box, resize_rgb
-from .records import open_image, rgb_array
+from .records import TaskMasks, open_image, rgb_array
 from .taxonomy import load_taxonomy
 
 WORK_SIDE = 160  # working size: cost independent of the image's, fine enough for a finding's outline
@@ -279,15 +278,6 @@ class _Source:
 
 
 _SOURCES: SourceCache[_Source] = SourceCache(64)  # a worker's recent sources (about 100 KB each)
-
-
-@dataclass
-class TaskMasks:
-    """One task's masks as Image values: its region, and each attempt image's edit mask (by run-relative path;
-    None where the image could not be read)."""
-
-    region: dict | None = None
-    edits: dict[str, dict | None] = field(default_factory=dict)
 
 
 def task_masks(images: dict[str, dict | None], source: dict | None, modality: str | None,
