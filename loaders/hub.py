@@ -87,7 +87,8 @@ def shard_files(folder: Path, config: str) -> dict[str, list[str]]:
     files: dict[str, list[str]] = {}
     for path in sorted((folder / config).glob("*.parquet")):
         if match := _SHARD_NAME.fullmatch(path.name):
-            files.setdefault(match["split"], []).append(str(path.absolute()))  # datasets joins relative ones to the folder
+            # absolute: datasets would join a relative path to the folder once more
+            files.setdefault(match["split"], []).append(str(path.absolute()))
     return files
 
 
