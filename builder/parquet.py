@@ -148,6 +148,12 @@ def _writer_options(schema: pa.Schema, features, image_columns: tuple[str, ...])
 
 
 _PARTIAL = re.compile(r"^(?P<split>[^/]+)-p(?P<part>\d+)-(?P<index>\d+)\.parquet\.partial$")
+# a finished shard's name (the Hub's), as `finalize_shards` gives it: `<split>-0000i-of-0000n.parquet`
+SHARD_NAME = re.compile(r"(?P<split>[^/]+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.parquet")
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}.parquet"
 
 
 def finalize_shards(config_dir: Path) -> dict[str, list[tuple[Path, Path]]]:
@@ -164,7 +170,7 @@ def finalize_shards(config_dir: Path) -> dict[str, list[tuple[Path, Path]]]:
         n = len(items)
         final[split] = []
         for i, (_part, _index, path) in enumerate(items):
-            target = path.with_name(f"{split}-{i:05d}-of-{n:05d}.parquet")
+            target = path.with_name(shard_name(split, i, n))
             path.rename(target)
             final[split].append((path, target))
     return final

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import datasets
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
 from ..builder.features import CONFIG_FEATURES, PUBLISHED_CONFIGS, REVIEW_CONFIG, image_columns
+from ..builder.parquet import SHARD_NAME
 from ..generation.rundir import layout
 
 
@@ -86,13 +86,10 @@ def shard_files(folder: Path, config: str) -> dict[str, list[str]]:
     with the same counts and sizes would give the earlier build's rows."""
     files: dict[str, list[str]] = {}
     for path in sorted((folder / config).glob("*.parquet")):
-        if match := _SHARD_NAME.fullmatch(path.name):
+        if match := SHARD_NAME.fullmatch(path.name):
             # absolute: datasets would join a relative path to the folder once more
             files.setdefault(match["split"], []).append(str(path.absolute()))
     return files
-
-
-_SHARD_NAME = re.compile(r"(?P<split>\w+)-\d{5}-of-\d{5}\.parquet")
 
 
 def _check_built_folder(folder: Path) -> None:
