@@ -34,7 +34,6 @@ from ..files import (TEMP_NAME, atomic_write_bytes, atomic_write_json, open_appe
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
 IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed", "c2pa")
-ORPHANS = layout.ORPHANS  # images on opening that no journal line names and this run did not write
 
 
 class RunConfigMismatch(RuntimeError):
@@ -178,7 +177,7 @@ class RunStore:
             path.unlink()
             self.reconciled["orphan_images"] += 1
             return
-        target = self.run_dir / ORPHANS / rel
+        target = self.run_dir / layout.ORPHANS / rel
         n = 0
         while target.exists():
             n += 1

@@ -22,7 +22,7 @@ from ..files import atomic_write_json
 from ..records import DEFAULT_MAX_PIXELS, Task, TaskOutcome
 from ..rundir import layout
 from ..rundir.signing import SigningCredentials
-from ..rundir.store import ORPHANS, RunStore
+from ..rundir.store import RunStore
 
 
 @dataclass
@@ -104,7 +104,7 @@ class RunSummary:
 def reconciled_text(counts: dict) -> str:
     """What opening the run directory fixed, in words ('' when nothing)."""
     words = {"orphan_images": "images of killed writes without a journal line removed",
-             "quarantined_images": f"unknown images moved to {ORPHANS}/",
+             "quarantined_images": f"unknown images moved to {layout.ORPHANS}/",
              "temp_files": "temp files of killed writes removed",
              "continued_tasks": "api_failed tasks continued from rounds of a killed retry",
              "batch_files": "request or results files of a killed --batch run removed"}

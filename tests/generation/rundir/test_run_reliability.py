@@ -34,7 +34,7 @@ from medbanana.generation.rundir.provenance import mark_synthetic
 from medbanana.generation.records import Attempt, EditedImage, Instruction, encode_jpeg
 from medbanana.generation.runners.local import RunOptions, run
 from medbanana.generation.sources.scan import scan_sources
-from medbanana.generation.rundir.store import ORPHANS, RunStore, read_journal
+from medbanana.generation.rundir.store import RunStore, read_journal
 
 KEY = "reliability-key-4be1d07c"
 DISEASES = ("Pneumothorax", "Pleural_Effusion")
@@ -98,7 +98,7 @@ def _assert_consistent(out: Path, tasks: set[str]) -> dict[str, dict]:
     on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.suffix in (".jpeg", ".png")}
     masks = {rel for rel in on_disk if rel.startswith(layout.MASKS + "/")}  # each beside an image named, and no other
     assert on_disk - masks == named and {mask_files.image_of(rel) for rel in masks} <= named
-    assert not (out / ORPHANS).exists()  # every image was this run's own: none needed setting aside
+    assert not (out / layout.ORPHANS).exists()  # every image was this run's own: none needed setting aside
     return final
 
 
@@ -275,14 +275,14 @@ def test_opening_a_run_removes_what_killed_writes_left_and_continues_a_killed_re
     assert final[retried.uid]["status"] == "success" and len(final[retried.uid]["rounds"]) == 3
     assert final[other.uid]["status"] == "failed" and not accepted.exists()
     assert not any(p.exists() for p in temps) and not foreign.exists()
-    assert (out / ORPHANS / foreign.relative_to(out)).read_bytes() == _jpeg(40)  # set aside, not deleted
+    assert (out / layout.ORPHANS / foreign.relative_to(out)).read_bytes() == _jpeg(40)  # set aside, not deleted
     assert summary.reconciled == {"continued_tasks": 1, "orphan_images": 1, "quarantined_images": 1,
                                   "temp_files": 3}
     stats = json.loads((out / layout.STATS).read_text())
     assert stats["reconciled"] == dict(sorted(summary.reconciled.items()))
     assert "1 images of killed writes without a journal line removed" in summary.format()
-    assert f"1 unknown images moved to {ORPHANS}/" in summary.format()
-    shutil.rmtree(out / ORPHANS)
+    assert f"1 unknown images moved to {layout.ORPHANS}/" in summary.format()
+    shutil.rmtree(out / layout.ORPHANS)
     _assert_consistent(out, {t.uid for t in tasks})
 
 
