@@ -65,8 +65,8 @@ def export_medebench(dataset: Path, out: Path, *, split: str | None = None, sour
 
     OUT must be new or empty; with `force` its `editing/` folder is replaced (built beside it, swapped in by one
     rename) and anything else in it is kept, so OUT may be a MedEBench checkout. `workers` threads encode the
-    PNGs. Refusals (BuildError, ValueError,
-    FileNotFoundError) come before anything is written; `progress()` is called once per row read."""
+    PNGs. Refusals (BuildError, ValueError, FileNotFoundError) come before anything is written; `progress()` is
+    called once per row read."""
     from .hub import load_medbanana
 
     dataset, out = Path(dataset), Path(out)
