@@ -10,7 +10,7 @@ import argparse
 import sys
 import warnings
 
-EPILOG = "Run `medbanana COMMAND --help` for each command's options. Docs: README.md and ARCHITECTURE.md."
+EPILOG = "Run `medbanana COMMAND --help` for each command's options. Docs: README.md and docs/ in the repository."
 
 
 def _version() -> str:
@@ -32,8 +32,15 @@ class OneLineErrors(argparse.ArgumentParser):
     """A parser whose usage errors are one line (exit 2), pointing at --help rather than reprinting the usage;
     subcommands' parsers are of the same class (argparse makes them with the parent's)."""
 
+    subcommands: argparse.Action | None = None  # what add_subparsers returned: its `choices` name each subcommand
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def add_subparsers(self, **kwargs):
+        """argparse's, kept on the parser so that the docs' CLI reference and their tests can walk the commands."""
+        self.subcommands = super().add_subparsers(**kwargs)
+        return self.subcommands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     if builder_commands is not None and hasattr(builder_commands, "register"):
         builder_commands.register(sub)
     return parser
+
+
+def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command under `parser` as the words that name it, `parser`'s own first: (), ("demo",), ("export",),
+    ("export", "medebench"), ... (the docs' CLI reference and the test that docs' commands parse use it)."""
+    paths = [prefix]
+    action = getattr(parser, "subcommands", None)
+    for name, sub in (action.choices or {}).items() if action is not None else ():
+        paths += command_paths(sub, (*prefix, name))
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,7 +101,7 @@ def _add_input_options(p, default_config: str = "sft") -> None:
 
 
 def _add_probe_options(p) -> None:
-    g = p.add_argument_group("realism and counterfactual probes (README: Probes)")
+    g = p.add_argument_group("realism and counterfactual probes (docs/probes.md)")
     g.add_argument("--separability", action="store_true",
                    help="can a linear probe on weight-free forensics features tell real sources from edits? "
                         "AUROC (0.5 = indistinguishable) with a 95%% interval and a permutation p-value, grouped "
@@ -129,8 +129,8 @@ def _add_probe_options(p) -> None:
                         "change of the target finding's probability, the share crossing --threshold and the change "
                         "of the other findings per disease and direction. Writes counterfactual.{md,csv,json,png}")
     g.add_argument("--classifier-weights", type=Path, metavar="FILE",
-                   help="torchxrayvision weights file to use instead of ~/.torchxrayvision/models_data/ (README: "
-                        "Probes, offline machines)")
+                   help="torchxrayvision weights file to use instead of ~/.torchxrayvision/models_data/ "
+                        "(docs/probes.md: offline machines)")
     g.add_argument("--threshold", type=float, default=0.5, metavar="P",
                    help="probability threshold for the crossing share (default 0.5)")
 

@@ -1,6 +1,7 @@
-"""What the README, ARCHITECTURE.md and docstrings say about the code is checked against it: every repository file
-they name exists, every `medbanana` subcommand they show is one the CLI has, and the loading builder's docstring
-example runs as written."""
+"""What the README, the pages under docs/, ARCHITECTURE.md and docstrings say about the code is checked against it:
+every repository file they name exists, every link of the README leads to a file, every `medbanana` subcommand they
+show is one the CLI has, and the loading builder's docstring example runs as written. (tests/test_docs_commands.py
+runs the commands themselves.)"""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import textwrap
 import pytest
 from paths import ROOT
 
-DOCS = ("README.md", "ARCHITECTURE.md")
+DOCS = ("README.md", "ARCHITECTURE.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
 # a path inside the repository: a known top-level folder, then names; written in backticks or after "see"
-REPO_PATH = re.compile(r"(?<![\w./-])((?:generation|builder|evaluation|review|loaders|dpo|bench|tests)/[\w./-]*\w)")
+REPO_PATH = re.compile(r"(?<![\w./-])((?:generation|builder|evaluation|review|loaders|dpo|bench|tests|docs)/[\w./-]*\w)")
 
 
 def repository_paths(text: str) -> set[str]:
@@ -25,13 +26,26 @@ def repository_paths(text: str) -> set[str]:
     return found
 
 
+def test_the_path_pattern_finds_what_the_docs_name():
+    named = {doc: repository_paths((ROOT / doc).read_text(encoding="utf-8")) for doc in DOCS}
+    assert len(named["ARCHITECTURE.md"]) > 5 and sum(map(len, named.values())) > 40, \
+        "the pattern found too few paths to be checking anything"
+    assert "docs/make_figure.py" in named["README.md"] and "bench/extras_sizes.py" in named["docs/install.md"]
+
+
 @pytest.mark.parametrize("doc", DOCS)
 def test_every_repository_file_the_docs_name_exists(doc):
     text = (ROOT / doc).read_text(encoding="utf-8")
-    named = repository_paths(text)
-    assert len(named) > 5, "the pattern found too few paths to be checking anything"
-    missing = sorted(p for p in named if not (ROOT / p).exists() and not (ROOT / (p + ".py")).exists())
+    missing = sorted(p for p in repository_paths(text) if not (ROOT / p).exists() and not (ROOT / (p + ".py")).exists())
     assert not missing, f"{doc} names files that are not in the repository: {missing}"
+
+
+def test_every_link_of_the_readme_leads_to_a_file():
+    """The README is read on the forge, not in the built site (whose links `mkdocs build --strict` checks)."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text(encoding="utf-8"))
+    local = [link for link in links if "://" not in link]
+    assert len(local) > 10 and "docs/images/demo-grid.png" in local
+    assert not [link for link in local if not (ROOT / link).is_file()]
 
 
 def test_the_code_names_no_moved_module():
@@ -47,11 +61,13 @@ def test_the_code_names_no_moved_module():
     assert not stale, stale
 
 
-def test_every_subcommand_the_readme_shows_exists(capsys):
+def test_every_subcommand_the_docs_show_exists(capsys):
     from medbanana.cli import build_parser
 
-    shown = set(re.findall(r"(?m)^\s*(?:\$ )?medbanana ([a-z][a-z-]+)", (ROOT / "README.md").read_text()))
-    assert len(shown) > 5, "too few `medbanana COMMAND` lines found in the README"
+    code = "\n".join(block for doc in DOCS  # the docs' code blocks
+                     for block in re.findall(r"(?ms)^```[^\n]*\n(.*?)^```", (ROOT / doc).read_text(encoding="utf-8")))
+    shown = set(re.findall(r"(?m)^\s*(?:\$ )?medbanana ([a-z][a-z-]+)", code))
+    assert len(shown) > 10, "too few `medbanana COMMAND` lines found in the docs"
     unknown = []
     for command in sorted(shown):
         with pytest.raises(SystemExit) as exit_:  # --help exits 0; an unknown command is a usage error (2)
@@ -59,7 +75,7 @@ def test_every_subcommand_the_readme_shows_exists(capsys):
         if exit_.value.code != 0:
             unknown.append(command)
     capsys.readouterr()
-    assert not unknown, f"the README shows commands the CLI does not have: {unknown}"
+    assert not unknown, f"the docs show commands the CLI does not have: {unknown}"
 
 
 def test_the_loading_builder_docstring_example_runs_as_written(demo_run_root, monkeypatch):

@@ -9,16 +9,24 @@ from paths import ROOT
 
 
 
-def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"```(?:bash|sh)?\n(.*?)```", text, re.S)[1]
+def block_after(text: str, heading: str) -> list[str]:
+    """The command lines of the first shell block after `heading` (a Markdown heading of README.md)."""
+    section = text.split(f"\n{heading}\n", 1)[1]
+    block = re.search(r"```(?:bash|sh)\n(.*?)```", section, re.S)[1]
     return [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def test_readme_has_two_setup_commands_and_ci_runs_the_second():
-    demo, tests = readme_commands()
-    assert "medbanana demo" in demo and "pytest" in tests
-    assert tests in (ROOT / ".ci" / "run").read_text()
+def test_readme_has_the_users_setup_and_the_contributors_tests_apart_and_ci_runs_the_second():
+    """Two blocks, so that a copy button copies one: the user's set-up (install, then the demo) first in the README,
+    the contributors' test command under "## Tests"; .ci/run ends with the latter, word for word."""
+    text = (ROOT / "README.md").read_text()
+    (setup,) = re.search(r"```(?:bash|sh)\n(.*?)```", text, re.S)[1].strip().splitlines()
+    (tests,) = block_after(text, "## Tests")
+    assert "pip install ." in setup and "medbanana demo" in setup and "pytest" not in setup
+    assert "pytest" in tests and "[dev" in tests and "medbanana demo" not in tests
+    assert "for contributors" in text.split("\n## Tests\n", 1)[1].split("```")[0].lower()
+    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert ci_lines[-1].strip() == tests
 
 
 def test_wheel_installs_under_the_medbanana_namespace_only(tmp_path):

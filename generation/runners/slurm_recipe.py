@@ -1,5 +1,5 @@
 """The Slurm job-array recipe for a run split with `generate --shard i/N`: one array task per shard, then a job
-that depends on the whole array and merges the shards. README.md shows these texts verbatim and
+that depends on the whole array and merges the shards. docs/scaling.md shows these texts verbatim and
 tests/generation/runners/test_slurm_array.py runs them as the array would (SLURM_ARRAY_TASK_ID set, one process
 each), so the recipe users copy is the one tested. No scheduler is needed to read or run them.
 """

@@ -54,7 +54,7 @@ def test_a_dotdot_line_through_a_symlinked_folder_is_refused_before_hashing(data
 
 
 def test_hidden_files_and_the_manifest_itself_need_no_line(dataset, capsys):
-    """What the README says verify ignores: SHA256SUMS itself, hidden files and folders, what is only reached
+    """What docs/security.md says verify ignores: SHA256SUMS itself, hidden files and folders, what is only reached
     through a symlinked folder; any other file, a second SHA256SUMS in a subfolder included, must be listed."""
     (dataset / ".cache").mkdir(exist_ok=True)
     (dataset / ".cache" / "x").write_bytes(b"hub clone state")

@@ -1,6 +1,7 @@
-"""The recipe commands that README.md and the recipes' own docstrings show are the ones the code accepts: every
-GPU command parses (model swapped for a tiny folder, float32, CPU) with each option landing where it says, and the
-CPU commands of README's offline-demo section run as written, in a subprocess, with no FutureWarning."""
+"""The recipe commands that README.md, docs/train.md and the recipes' own docstrings show are the ones the code
+accepts: every GPU command parses (model swapped for a tiny folder, float32, CPU) with each option landing where it
+says, and the CPU commands of docs/train.md's offline-demo section run as written, in a subprocess, with no
+FutureWarning."""
 
 import os
 import re
@@ -33,8 +34,11 @@ def documented_commands(text: str, launcher: str) -> list[tuple[str, list[str]]]
     return found
 
 
+TRAIN_PAGE = "docs/train.md"
+
+
 def gpu_commands() -> list[tuple[str, str, list[str]]]:
-    sources = {"README.md": (ROOT / "README.md").read_text()}
+    sources = {page: (ROOT / page).read_text() for page in ("README.md", TRAIN_PAGE)}
     sources.update({name: module.__doc__ for name, module in RECIPES.items()})
     return [(where, module, argv) for where, text in sources.items()
             for module, argv in documented_commands(text, "accelerate launch")]
@@ -59,9 +63,10 @@ def parsed_value(parsed: tuple, name: str):
     raise AssertionError(f"--{name} was accepted but no argument dataclass has it")
 
 
-def test_readme_and_docstrings_show_a_gpu_command_for_each_recipe():
+def test_the_train_page_and_docstrings_show_a_gpu_command_for_each_recipe():
     shown = {(where, module) for where, module, _ in gpu_commands()}
-    assert shown == {(where, name) for name in RECIPES for where in ("README.md", name)}
+    assert {(where, name) for name in RECIPES for where in (TRAIN_PAGE, name)} <= shown
+    assert {where for where, _ in shown} == {TRAIN_PAGE, "README.md", *RECIPES}  # the README shows one, parsed too
 
 
 @pytest.mark.parametrize("where,module,argv", gpu_commands(), ids=lambda v: v if isinstance(v, str) else "")
@@ -90,7 +95,7 @@ def test_every_documented_gpu_command_parses_with_each_option_where_it_says(wher
 
 
 def readme_cpu_commands() -> list[tuple[str, list[str]]]:
-    section = (ROOT / "README.md").read_text().split("### From the offline demo, on a CPU")[1].split("\n## ")[0]
+    section = (ROOT / TRAIN_PAGE).read_text().split("## From the offline demo, on a CPU")[1].split("\n## ")[0]
     assert "medbanana demo --out demo-run" in section
     return documented_commands(section, "python")
 
@@ -103,7 +108,7 @@ def test_readme_demo_section_trains_all_three_on_the_dataset_the_demo_built():
 
 @pytest.mark.parametrize("module,argv", readme_cpu_commands(), ids=lambda v: v if isinstance(v, str) else "")
 def test_readme_demo_commands_run_as_written(module, argv, demo_run_root, tmp_path):
-    """Run from the folder that holds demo-run/, as a user following README would; outputs go under tmp_path."""
+    """Run from the folder that holds demo-run/, as a user following docs/train.md would; outputs go under tmp_path."""
     argv = [str(tmp_path / Path(word).name) if word.startswith("/tmp/") else word for word in argv]
     out = Path(options(argv)["--output_dir"][0])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "default"}

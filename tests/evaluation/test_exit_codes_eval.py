@@ -20,7 +20,7 @@ from medbanana.evaluation import metrics
 from medbanana.generation.testing.fake_gemini import FakeGemini
 
 KEY = "exit-codes-key-3f1a"
-EXIT_INCOMPLETE = 3  # the documented code (evaluation/failures.py, README), pinned here on purpose
+EXIT_INCOMPLETE = 3  # the documented code (evaluation/failures.py, docs/exit-codes.md), pinned here on purpose
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def test_demo_command_end_to_end(tmp_path):
-    """README command 1 minus the install: all modalities and directions, first-round and refined successes,
+    """The README's set-up command minus the install: all modalities and directions, first-round and refined successes,
     failed tasks with every attempt kept, a printed summary, and a dataset that loads."""
     out = tmp_path / "demo-run"
     proc = subprocess.run([sys.executable, "-m", "medbanana", "demo", "--out", str(out), "-q"], capture_output=True,

@@ -1,4 +1,4 @@
-"""The README's Slurm job-array recipe (generation/runners/slurm_recipe.py), run as Slurm would run it.
+"""The Slurm job-array recipe of docs/scaling.md (generation/runners/slurm_recipe.py), run as Slurm would run it.
 
 A stand-in `sbatch` on PATH reads the script's `#SBATCH --array=0-K` and starts one process per array task with
 SLURM_ARRAY_TASK_ID set, all at once, and runs a job given `--dependency=afterok:ID` only when every task of ID
@@ -102,7 +102,7 @@ def test_the_array_recipe_run_as_slurm_would_merges_into_the_single_run(tmp_path
     assert sorted(finished) == sorted(single)
 
 
-def test_the_readme_shows_the_tested_recipe():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_show_the_tested_recipe():
+    page = (ROOT / "docs" / "scaling.md").read_text()
     for text in (SHARDS_SCRIPT, MERGE_SCRIPT, SUBMIT):
-        assert text in readme, f"README.md lacks, verbatim, the recipe text that starts {text.splitlines()[0]!r}"
+        assert text in page, f"docs/scaling.md lacks, verbatim, the recipe text that starts {text.splitlines()[0]!r}"
