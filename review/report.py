@@ -252,15 +252,15 @@ def _notes(entries: dict[str, dict[str, dict]], names: dict[str, str]) -> list[s
 
 
 def sample_line(design: str) -> str:
-    """Whether the review's labels are a calibration sample, the only kind `medbanana calibrate` guarantees with."""
+    """Whether the review's labels are a calibration sample, the only kind `calibrate` states a guarantee with."""
     if design == CALIBRATION:
         return ("Sample: a calibration sample (seeded random over the judged attempts, stratified by modality and "
                 "direction, each item's inclusion probability recorded): its labels give unbiased precision and "
-                "yield estimates, and can calibrate an acceptance rule (`medbanana calibrate`).")
+                "yield estimates and can calibrate an acceptance rule (the `calibrate` command).")
     return (f"Sample: {design or IN_TURNS}, **not a calibration sample**: its items were not drawn at random from "
             "the judged attempts with known probabilities, so precision or approval rates computed from its labels "
-            "may be biased and `medbanana calibrate` states no guarantee with them; draw one with "
-            "`medbanana review SOURCE --out DIR --calibration`.")
+            "may be biased, and the `calibrate` command states no guarantee with them; draw a calibration sample "
+            "with `review SOURCE --out DIR --calibration`.")
 
 
 def _blinding_line(settings) -> str:
