@@ -140,6 +140,24 @@ def test_build_accept_redecides_without_calls_and_the_card_states_it(calibrated,
     assert f"of the {len(accepted):,} accepted edits would be approved" in card
 
 
+def test_build_with_reviews_states_the_experts_approval_of_the_runs_own_acceptance(calibrated, tmp_path):
+    root, run, *_ = calibrated
+    out = tmp_path / "dataset"
+    assert main(["build", str(run), "--reviews", str(root / "review"), "--out", str(out), "-q", "--configs",
+                 "sft"]) == 0
+    info = json.loads((out / "medbanana-build.json").read_text())["acceptance"]
+    assert info["rule"] is None and info["recorded_rules"] == ["qualified"]
+    approval = info["expert_approval"]
+    assert approval["labels"] == 70 and approval["calibration_sample"] is True
+    accepted = [a for t in judged_tasks(run) for a in t.attempts if a.values["qualified"] and a.values["score"] == 1.0]
+    estimate = approval["overall"]["estimate"]
+    truth = sum(a.values["score"] >= EXPERT_BAR for a in accepted) / len(accepted)
+    assert approval["overall"]["accepted"] == len(accepted) and estimate["low"] <= truth <= estimate["high"]
+    card = (out / "README.md").read_text()
+    assert "Edits were accepted as the runs decided, by the rule(s) qualified." in card
+    assert "**Expert approval.** An estimated" in card and "a calibration sample" in card
+
+
 def test_too_few_labels_is_one_line_saying_how_many_more(calibrated, tmp_path, capsys):
     root, run, *_ = calibrated
     with open(root / "labels.csv", encoding="utf-8") as fh:
@@ -183,3 +201,58 @@ def test_review_only_opens_exactly_the_undecided_edits(calibrated, tmp_path, cap
     assert main(["review", str(run), "--out", str(tmp_path / "x"), "--only", str(root / "policy.json"), "--items",
                  "3", "--no-serve"]) == 2
     assert "leave out --calibration and --items" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the choice itself, on tasks made here
+
+def make_tasks(spec: dict[str, list[list[float]]]) -> list:
+    """modality -> each task's attempts' scores (add tasks; a score of 1.0 is qualified)."""
+    from medbanana.review.judged import JudgedAttempt, JudgedTask
+
+    tasks = []
+    for modality, scores in spec.items():
+        for n, attempts in enumerate(scores):
+            uid = f"D/add/{modality}{n}-X"
+            task = JudgedTask(uid, modality, "add")
+            task.attempts = [JudgedAttempt(f"{uid}#{r}", r, {"qualified": s == 1.0, "has_disease": True,
+                                                              "structure_reasonable": True, "looks_realistic": True,
+                                                              "fidelity_preserved": True, "score": s})
+                             for r, s in enumerate(attempts, 1)]
+            tasks.append(task)
+    return tasks
+
+
+def test_per_modality_rules_each_at_their_share_of_delta():
+    from medbanana.review.calibrate import calibrate
+    from medbanana.review.judged import ExpertLabel
+
+    tasks = make_tasks({"fundus": [[1.0]] * 40 + [[0.6, 1.0]] * 20, "brain_mri": [[1.0]] * 40})
+    approved = {a.id: a.values["score"] == 1.0 if t.modality == "fundus" else t.uid.endswith(("mri0-X", "mri1-X"))
+                for t in tasks for a in t.attempts}  # fundus: what scores 1.0; brain_mri: 2 of 40
+    labels = [ExpertLabel(i, q, "calibration", 1.0, 1) for i, q in approved.items()]  # sizes recorded wrongly
+    policy = calibrate(tasks, labels, target=0.9, delta=0.1, per_modality=True, bootstrap=0)
+    assert policy["rule"] == "fundus:score>=1.0"  # 0.6 would accept 20 disapproved edits in 60
+    assert [t["rejected"] for t in policy["tested"]["fundus"]] == [True, False]
+    assert policy["modalities_without_rule"] == ["brain_mri"]  # nothing passes: it accepts nothing
+    assert policy["groups"]["fundus"]["delta"] == pytest.approx(0.05)
+    assert policy["yield"]["by_modality"]["brain_mri"]["accepted"] == 0
+    assert policy["yield"]["by_modality"]["fundus"]["accepted"] == 60
+    assert policy["labels"]["calibration_sample"] is False
+    assert "another set of judged attempts" in policy["labels"]["sample_note"]
+
+
+def test_unequal_inclusion_probabilities_use_the_stratified_bound_and_repeats_escalate():
+    from medbanana.review.calibrate import calibrate
+    from medbanana.review.judged import ExpertLabel
+
+    tasks = make_tasks({"fundus": [[1.0]] * 60, "chest_xray": [[0.8], [1.0]] * 30})
+    probability = {"fundus": 0.5, "chest_xray": 0.25}
+    labels = [ExpertLabel(t.attempts[0].id, True, "calibration", probability[t.modality], 60)
+              for t in tasks[::2]]  # every other task (in chest_xray, those of score 0.8), all approved
+    repeats = {tasks[1].attempts[0].id: [{"qualified": True, "has_disease": False, "structure_reasonable": True,
+                                          "looks_realistic": True, "fidelity_preserved": True}]}
+    policy = calibrate(tasks, labels, target=0.8, delta=0.1, repeats=repeats, bootstrap=0)
+    assert "Bonferroni" in policy["method"] and policy["labels"]["calibration_sample"] is True
+    assert policy["bound"] >= 0.8
+    why = {entry["id"]: entry["why"] for entry in policy["undecided"]}
+    assert why.get(tasks[1].attempts[0].id) == "judge repeats disagree"  # the repeat sees no finding: rejected
