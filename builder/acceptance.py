@@ -199,12 +199,14 @@ def _approval_text(approval: dict, escape) -> str:
     return (f"**Expert approval.** An estimated **{_pct(est)}** of the {overall['accepted']:,} accepted edits would "
             f"be approved (qualified) by an expert: prediction-powered inference from {approval['labels']} expert "
             f"labels ({sample}) and the judge's `qualified` on every accepted edit ({overall['judge_approved']:,} "
-            "of them), each modality and direction weighed by its judged attempts."
+            "of them qualified by the judge), each modality and direction weighed by its judged attempts."
             + (f" Per modality: {'; '.join(per)}." if per else ""))
 
 
 def _pct(estimate: dict) -> str:
-    return f"{estimate['estimate']:.1%} (95 % interval {estimate['low']:.1%} to {estimate['high']:.1%})"
+    """The estimate shown within [0, 1] (the unbiased one, kept in medbanana-build.json, may lie just outside)."""
+    shown = min(1.0, max(0.0, estimate["estimate"]))
+    return f"{shown:.1%} (95 % interval {estimate['low']:.1%} to {estimate['high']:.1%})"
 
 
 def _num(value) -> str:

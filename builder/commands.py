@@ -153,8 +153,9 @@ def _report_acceptance(acceptance: dict, quiet: bool) -> None:
             print(f"warning: {approval['labels']} expert label(s) match this build: too few for an expert-approval "
                   "interval on the card", file=sys.stderr)
         elif not quiet:
-            print(f"  expert approval of the accepted edits: {estimate['estimate']:.1%} (95 % interval "
-                  f"{estimate['low']:.1%} to {estimate['high']:.1%}) from {approval['labels']} expert label(s)")
+            shown = min(1.0, max(0.0, estimate["estimate"]))
+            print(f"  expert approval of the accepted edits: {shown:.1%} (95 % interval {estimate['low']:.1%} to "
+                  f"{estimate['high']:.1%}) from {approval['labels']} expert label(s)")
 
 
 def _report_sources(sources: dict | None, quiet: bool) -> None:
