@@ -97,13 +97,20 @@ def policy_labels(policy: dict) -> dict[str, ExpertLabel]:
 
 def expert_approval(stats: BuildStats, labels: dict[str, ExpertLabel]) -> dict:
     """The PPI estimate of the accepted edits' expert-approval rate, overall and per modality (where every stratum
-    holding accepted edits has MIN_STRATUM_LABELS labels), and what it rests on."""
+    holding accepted edits has MIN_STRATUM_LABELS labels), and what it rests on. Labels of a calibration sample,
+    where there are any, are used alone: labels drawn otherwise (an escalation review) are not random."""
     found = [(edit, modality, direction, inside, judge) for (edit, modality, direction, inside, judge) in
              stats.labelled if edit in labels]
     designs = Counter(labels[edit].design for edit, *_ in found)
+    left_out = 0
+    if designs[CALIBRATION] and len(designs) > 1:  # a calibration sample beside others: it alone is random
+        left_out = len(found) - designs[CALIBRATION]
+        found = [entry for entry in found if labels[entry[0]].design == CALIBRATION]
+        designs = Counter({CALIBRATION: len(found)})
     out: dict = {"labels": len(found), "approved": sum(labels[e].qualified for e, *_ in found),
                  "calibration_sample": bool(found) and set(designs) == {CALIBRATION},
-                 "designs": dict(sorted(designs.items())), "overall": None, "by_modality": {}}
+                 "designs": dict(sorted(designs.items())), "left_out": left_out, "overall": None,
+                 "by_modality": {}}
     modalities = sorted({m for (m, _d, _j) in stats.approval})
     for name in ("overall", *modalities):
         def mine(modality: str, name: str = name) -> bool:
@@ -186,10 +193,13 @@ def acceptance_note(rule: str | None, policy: dict | None, recorded: list[str], 
 
 def _approval_text(approval: dict, escape) -> str:
     overall = approval["overall"]
-    sample = ("a calibration sample" if approval["calibration_sample"] else
-              "not a calibration sample (" + ", ".join(f"{n} {escape(d)}" for d, n in approval["designs"].items())
-              + "): the interval assumes they are a random sample within each modality and direction, which they "
-              "may not be")
+    if approval["calibration_sample"]:
+        sample = "a calibration sample" + (f"; {approval['left_out']} labels of other reviews left out"
+                                           if approval.get("left_out") else "")
+    else:
+        sample = ("not a calibration sample (" + ", ".join(f"{n} {escape(d)}" for d, n in approval["designs"].items())
+                  + "): the interval assumes they are a random sample within each modality and direction, which "
+                  "they may not be")
     if overall["estimate"] is None:
         return (f"**Expert approval.** {approval['labels']} expert labels match this build's judged attempts "
                 f"({sample}), too few for an interval: every modality and direction holding accepted edits needs "

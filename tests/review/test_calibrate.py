@@ -197,6 +197,12 @@ def test_review_only_opens_exactly_the_undecided_edits(calibrated, tmp_path, cap
     store = ReviewStore.open(tmp_path / "escalate")
     assert {item.sample_id for item in store.items()} == undecided
     assert store.settings.design == "escalation"
+    assert answer_all(tmp_path / "escalate") == len(undecided)
+    # built with both reviews, the card's estimate rests on the calibration sample alone (escalated edits are not random)
+    assert main(["build", str(run), "--reviews", str(root / "review"), "--reviews", str(tmp_path / "escalate"),
+                 "--out", str(tmp_path / "dataset"), "-q", "--configs", "sft"]) == 0
+    approval = json.loads((tmp_path / "dataset" / "medbanana-build.json").read_text())["acceptance"]["expert_approval"]
+    assert (approval["labels"], approval["left_out"], approval["calibration_sample"]) == (70, len(undecided), True)
     capsys.readouterr()
     assert main(["review", str(run), "--out", str(tmp_path / "x"), "--only", str(root / "policy.json"), "--items",
                  "3", "--no-serve"]) == 2
