@@ -1,7 +1,7 @@
 """The `medbanana` command: each stage registers its own subcommands — prepare, generate, merge, taxonomy, keys
 (generation/commands/), build, verify, upload (builder/commands.py), eval, judge-agreement, stats
-(evaluation/commands.py), review (review/commands.py), demo (demo.py, above the stages it spans) and export
-(export.py: loaders/ would import `datasets` for every command) — and `main`
+(evaluation/commands.py), review and calibrate (review/commands.py, review/calibrate_command.py), demo (demo.py,
+above the stages it spans) and export (export.py: loaders/ would import `datasets` for every command) — and `main`
 turns what they raise into one line and an exit code."""
 
 from __future__ import annotations

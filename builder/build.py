@@ -28,7 +28,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .card import build_info, coerced_note, refused_note, render_card
+from ..generation.acceptance import rule_option
+from .acceptance import acceptance_note, expert_approval, policy_labels, recorded_rules, review_labels
+from .card import build_info, coerced_note, md_escape, refused_note, render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES, REVIEW_CONFIG
 from .manifest import write_manifest
 from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, remove_stale_staging,
@@ -62,13 +64,14 @@ def parse_size(text: str | int) -> int:
 def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFIG_NAMES, test_fraction: float = 0.0,
           max_shard_size: str | int = "500MB", num_proc: int = 1, source_images: Path | None = None,
           quiet: bool = False, unsafe: str = "error", reviews: Sequence[Path] = (),
-          review_reasons: str = "keep") -> dict:
+          review_reasons: str = "keep", accept: str | None = None) -> dict:
     """Build the dataset folder `out` from run directories; returns what `medbanana-build.json` holds.
 
     `unsafe`: what a refused input does (a path leading outside its root, a file that is not an image, a
     malformed entry): "error" stops the build with a BuildError naming it; "skip" leaves its task out and lists
     it under `stats.refused`. `reviews`: `medbanana review` folders whose answers become `human_review` (their free-text
-    reasons left out with review_reasons="drop"). Raises
+    reasons left out with review_reasons="drop"). `accept`: a rule or a POLICY.json (`medbanana calibrate`) that
+    re-decides every task from its recorded verdicts (builder/acceptance.py). Raises
     BuildError, before anything is written, for an `out` holding anything a build does not write or an input run
     (or inside one), and generation.lock.LockHeld when another process writes an input run or builds `out`."""
     configs = tuple(configs)
@@ -89,10 +92,15 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
         raise BuildError(f"--source-images: none of the configs built ({', '.join(configs)}) has a source_image "
                          "column; add one of " + ", ".join(sorted(IMAGE_CONFIGS)))
     review_stores = open_reviews(reviews)
+    rule, policy = _acceptance(accept)
+    labels = review_labels(review_stores) or (policy_labels(policy) if policy else {})
     with BuildLocks(out) as locks:  # refusals come before anything is written (output.py)
         locks.read(map(run_folder, inputs))
         found_refused: list[Refused] = []
         units = discover_all(inputs, found_refused.append if unsafe == "skip" else None)
+        if rule is not None and any(unit.kind == "images" for unit in units):
+            raise BuildError(f"--accept re-decides the judge's recorded verdicts; "
+                             f"{next(u.label for u in units if u.kind == 'images')} is an image-only release with none")
         locks.read(unit.run_dir for unit in units)  # a {D}-edit folder or records file given: its run
         locks.write()
         remove_stale_staging(out)  # a killed build's: under the write lock, no other build of `out` is running
@@ -103,7 +111,8 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             schemas = {config: ConfigSchema.of(CONFIG_FEATURES[config]) for config in configs}
             review_uids = reviewed_uids(review_stores)
             specs = [PartitionSpec(p, items, staging, configs, test_fraction, max_shard_bytes, schemas, sources_root,
-                                   unsafe, review_uids) for p, items in enumerate(plan_partitions(units, num_proc))]
+                                   unsafe, review_uids, rule, frozenset(labels))
+                     for p, items in enumerate(plan_partitions(units, num_proc))]
             stats, digests = _run_partitions(specs, quiet)
             sources = _check_sources(stats, source_images)
             reviewed: dict[str, dict] = {}  # review folder name -> its mode, answers, rows, answers left out
@@ -122,6 +131,10 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             info = build_info(units, configs, splits, files, stats, test_fraction, max_shard_bytes, sources,
                                figure, unsafe)
             info.update({"reviews": reviewed} if reviewed else {})
+            approval = expert_approval(stats, labels) if labels else None
+            recorded = recorded_rules(_whole_runs(units))
+            info["acceptance"] = {"rule": rule, "recorded_rules": recorded, "policy": _policy_summary(policy),
+                                  "expert_approval": approval}
             (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
             note = (f"Built by medbanana {info['medbanana_version']} with datasets {info['datasets_version']}; "
                     f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{refused_note(stats)}"
@@ -129,7 +142,8 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
                                max_rounds=max_rounds, test_fraction=test_fraction,
                                sources=sources, build_note=note, figure=figure,
-                               signing=_signing(units))
+                               signing=_signing(units),
+                               acceptance=acceptance_note(rule, policy, recorded, approval, md_escape))
             (staging / README).write_text(card, encoding="utf-8")
             write_manifest(staging, final_digests)
             move_into_place(staging, out)
@@ -137,6 +151,25 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             shutil.rmtree(staging, ignore_errors=True)  # made by this build under the lock: all of it is its own
             raise
     return info
+
+
+def _acceptance(accept: str | None) -> tuple[str | None, dict | None]:
+    """`--accept`'s rule (as written, or a POLICY.json's) and the policy; BuildError for neither."""
+    if accept is None:
+        return None, None
+    try:
+        return rule_option(accept)
+    except (ValueError, FileNotFoundError) as exc:
+        raise BuildError(f"--accept: {exc}") from None
+
+
+def _policy_summary(policy: dict | None) -> dict | None:
+    """What medbanana-build.json keeps of the policy (not its labels: they stay in the policy file)."""
+    if policy is None:
+        return None
+    return {key: policy.get(key) for key in ("rule", "target_precision", "delta", "method", "guarantee", "bound",
+                                             "yield", "kappa", "created_at")} | {
+        "labels": (policy.get("labels") or {}).get("matched")}
 
 
 def _check_sources(stats: BuildStats, folder: Path | None) -> dict | None:

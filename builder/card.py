@@ -96,10 +96,11 @@ def front_matter(stats: BuildStats, present: dict[str, list[str]]) -> str:
 
 def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[str]], *, max_rounds: int,
                 test_fraction: float, sources: dict | None, build_note: str, figure: str | None,
-                signing: dict[str, int] | None = None) -> str:
+                signing: dict[str, int] | None = None, acceptance: str = "") -> str:
     """`configs`: what was asked for; `present`: those with rows -> their non-empty splits; `sources`: how many
     tasks got their source image (`BuildStats.source_counts`), None when none were asked for; `figure`: Figure
-    3's file name beside the card, or None when it was not drawn."""
+    3's file name beside the card, or None when it was not drawn; `acceptance`: the section on the acceptance rule
+    and expert approval (builder/acceptance.py)."""
     splits = ["train", "test"] if test_fraction > 0 else ["train"]
     accepted, failed, api_failed = (stats.total_tasks(s) for s in STATUSES)
     attempts = sum(stats.attempts.values())
@@ -127,7 +128,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
                          "found; their rows have a null image." if stats.missing_images else ""),
         "datasets_table": "\n".join(f"| {md_escape(run)} | {md_escape(dataset)} | {md_escape(modality)} | {n:,} |"
                                      for (run, dataset, modality), n in sorted(stats.datasets.items())),
-        "build_note": build_note,
+        "build_note": build_note, "acceptance_note": acceptance,
     }
     return Template(card_template()).substitute(values)
 

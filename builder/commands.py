@@ -46,6 +46,13 @@ def register(subparsers) -> None:
                             "one row per answer tied to the task by uid and round, raters pseudonymised")
     build.add_argument("--review-reasons", choices=("keep", "drop"), default="keep",
                        help="the raters' free-text reasons in human_review: keep (default) or drop (left empty)")
+    build.add_argument("--accept", metavar="POLICY.json|RULE",
+                       help="re-decide every task from the judge's recorded verdicts, without any new call, by a "
+                            "POLICY.json made by `medbanana calibrate` or a rule ('score>=0.85', 'qualified', ...): "
+                            "a task's first attempt that passes is its accepted edit, later attempts stay as judged "
+                            "attempts, a task with none passing is failed; the card names the rule. With expert "
+                            "labels (--reviews, or the policy's) the card states the experts' approval rate of the "
+                            "accepted edits with a 95 %% interval")
     build.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=run_build)
 
@@ -101,7 +108,7 @@ def run_build(args) -> int:
         info = build(args.run_dirs, args.out, configs=configs, test_fraction=args.test_fraction,
                      max_shard_size=args.max_shard_size, num_proc=args.num_proc,
                      source_images=args.source_images, quiet=args.quiet, unsafe=args.unsafe,
-                     reviews=args.reviews, review_reasons=args.review_reasons)
+                     reviews=args.reviews, review_reasons=args.review_reasons, accept=args.accept)
     except BuildError as exc:
         print(f"medbanana build: error: {exc}", file=sys.stderr)
         return 2
@@ -114,6 +121,7 @@ def run_build(args) -> int:
         if review["left_out"]:
             print(f"warning: review {name}: {review['left_out']} of {review['answers']} answers are about tasks "
                   "not in this build and were left out", file=sys.stderr)
+    _report_acceptance(info.get("acceptance") or {}, args.quiet)
     if not args.quiet:
         print(f"wrote {args.out.resolve()}")
     missing = info["stats"]["missing_images"]
@@ -132,6 +140,22 @@ def run_build(args) -> int:
               f"booleans (e.g. {read_as}); counted under stats.coerced in {args.out / 'medbanana-build.json'}",
               file=sys.stderr)
     return 0
+
+
+def _report_acceptance(acceptance: dict, quiet: bool) -> None:
+    """The rule a build re-decided with, and the experts' approval of its accepted edits, as the card states them."""
+    if acceptance.get("rule") and not quiet:
+        print(f"  accepted by the rule {acceptance['rule']} (re-decided from the recorded verdicts)")
+    approval = acceptance.get("expert_approval")
+    if approval and approval["labels"]:
+        estimate = approval["overall"]["estimate"]
+        if estimate is None:
+            print(f"warning: {approval['labels']} expert label(s) match this build: too few for an expert-approval "
+                  "interval on the card", file=sys.stderr)
+        elif not quiet:
+            shown = min(1.0, max(0.0, estimate["estimate"]))
+            print(f"  expert approval of the accepted edits: {shown:.1%} (95 % interval {estimate['low']:.1%} to "
+                  f"{estimate['high']:.1%}) from {approval['labels']} expert label(s)")
 
 
 def _report_sources(sources: dict | None, quiet: bool) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
+from ..generation.acceptance import AcceptanceRule
+from .acceptance import note_judged, redecide
 from .parquet import ConfigSchema, ShardedParquetWriter
 from .rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, split_of
 from .run_masks import MaskFolders, row_masks
@@ -39,6 +41,8 @@ class PartitionSpec:
     source_images: Path | None
     unsafe: str = "error"  # safety.POLICIES
     review_uids: frozenset[str] = frozenset()  # `build --reviews`: tasks reviewed, noted when built
+    accept: str | None = None  # `build --accept`: the rule re-deciding every task's recorded verdicts
+    labelled: frozenset[str] = frozenset()  # attempts (<uid>#<round>) with expert labels: noted for the card
 
 
 class ShardWriters:
@@ -83,14 +87,20 @@ def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hashe
     refused = stats.add_refusal if spec.unsafe == "skip" else None
     confined = Confined()  # folders resolved once for the partition (see safety.Confined)
     folders = MaskFolders(skip=spec.unsafe == "skip")  # each run's masks folder, checked once for the partition
+    rule = AcceptanceRule.parse(spec.accept) if spec.accept is not None else None
     for unit, block, blocks in spec.items:
         # one unit at a time, in a function of its own: its records are freed before the next is decoded
-        _write_unit(read_tasks(unit, block, blocks, refused), spec, writers, stats, sources, (confined, folders),
-                    readers, progress)
+        _write_unit(_decided(read_tasks(unit, block, blocks, refused), rule), spec, writers, stats, sources,
+                    (confined, folders), readers, progress)
     for exc in folders.refusals:  # a masks folder left out: its tasks are built, with computed or null masks
         stats.add_refusal(exc, task_left_out=False)
     stats.count_reasons()  # here, in the partition's process: the partitions split their verdict texts in parallel
     return stats, writers.close()
+
+
+def _decided(tasks: list, rule: AcceptanceRule | None) -> list:
+    """The tasks as read, or as `build --accept`'s rule re-decides them from their recorded verdicts."""
+    return tasks if rule is None else [redecide(task, rule) for task in tasks]
 
 
 def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None,
@@ -145,6 +155,8 @@ def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildS
             stats.mask_origins.update(origins)
         if task.uid in spec.review_uids:
             stats.reviewed_tasks.add(task.uid)
+        if spec.labelled:
+            note_judged(stats, task, spec.labelled)
         for config in spec.configs:
             for row in ROW_ITERATORS[config](task, images, source, masks):
                 writers.write(config, split, row)

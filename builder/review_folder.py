@@ -18,6 +18,11 @@ from ..generation.records import VERDICT_BOOLEANS
 DB_NAME = "review.sqlite"
 IMAGES = "images"  # the folder of the items' images, the only files the page serves
 MODES = ("rubric", "realism")  # settings.mode
+# settings.design: how the items were drawn. A calibration sample is seeded random over the judged attempts,
+# stratified by modality and direction, each item's inclusion probability recorded; an escalation review holds the
+# edits `medbanana calibrate` could not decide; "stratified in turns" (the default, and "" in older folders) draws
+# across modality, direction, disease and outcome in turn, a coverage sample with no known probabilities.
+CALIBRATION, ESCALATION, IN_TURNS = "calibration", "escalation", "stratified in turns"
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -51,6 +56,7 @@ class ReviewSettings:
     created_at: str = ""
     round_auroc: float | None = None  # how well the shown instructions tell round 1 from later rounds (blinding.py)
     round_auroc_note: str = ""  # why there is no round_auroc, or how it was measured
+    design: str = ""  # how the items were drawn: calibration | escalation | stratified in turns ("": the latter)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,10 @@ class ReviewItem:
     judge: dict | None = None  # the recorded verdict (VERDICT_FIELDS), when there is one
     accepted: bool | None = None  # whether the run accepted the edit
     stratum: str = ""  # modality/direction/disease/outcome, the sampling stratum
+    # a calibration sample (`review --calibration`): the item's chance of being drawn, and how many judged attempts
+    # its stratum (modality and direction) held; None otherwise
+    inclusion_probability: float | None = None
+    stratum_size: int | None = None
 
 
 @dataclass(frozen=True)

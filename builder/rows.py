@@ -97,8 +97,11 @@ def sft_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskM
 
 def failed_rows(task: TaskRecord, images: Images, source: dict | None,
                 masks: TaskMasks | None = None) -> Iterator[dict]:
+    """The rejected attempts: those of a task never accepted, and those before its accepted edit (attempts after it,
+    which a rule re-decided at build time leaves, are judged attempts, not rejected ones)."""
+    last = task.accepted.round if task.accepted is not None and task.accepted.round is not None else None
     for attempt in task.attempts:
-        if not attempt.accepted:
+        if not attempt.accepted and (last is None or attempt.round is None or attempt.round < last):
             yield {**identity(task), "round": attempt.round, "instruction": attempt.instruction,
                    "source_image": source, "edited_image": _image(images, attempt), **mask_columns(masks, attempt),
                    "edit_error": attempt.edit_error, **verdict_columns(attempt), "task_status": task.status,

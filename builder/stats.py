@@ -41,6 +41,11 @@ class BuildStats:
     rejection_texts: Counter = field(default_factory=Counter)
     reason_counts: Counter = field(default_factory=Counter)  # verdict clause -> rejected attempts naming it
     reviewed_tasks: set = field(default_factory=set)  # uids built that a `--reviews` folder reviewed
+    # with expert labels (acceptance.note_judged): judged attempts per (modality, direction); accepted edits per
+    # (modality, direction, judge's qualified); each labelled attempt's (id, modality, direction, accepted, qualified)
+    judged: Counter = field(default_factory=Counter)
+    approval: Counter = field(default_factory=Counter)
+    labelled: Counter = field(default_factory=Counter)
     image_marks: Counter = field(default_factory=Counter)  # IPTC DigitalSourceType (or UNMARKED) -> images read
     edit_errors: int = 0
     image_files_read: int = 0

@@ -11,13 +11,13 @@ live task at once through batch jobs. So the two runners cannot disagree about w
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from dataclasses import dataclass, fields
 from typing import Any, Awaitable, Callable, ClassVar, Generator, Union
 
 from .backends import APIError, EditRefused, Editor, InstructionWriter, Judge
-from .records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome, Verdict
+from .acceptance import AcceptanceRule
+from .records import VERDICT_FIELDS, ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome, Verdict
 
 Acceptance = Callable[[Verdict, Task], bool]
 OnRound = Callable[[Task, Attempt, "EditedImage | None"], Awaitable[None] | None]
@@ -29,22 +29,18 @@ def accept_qualified(verdict: Verdict, task: Task) -> bool:
 
 
 def acceptance_policy(spec: str) -> Acceptance:
-    """'qualified' (default) or 'score>=X' (the weighted rubric score, compliance still required)."""
+    """'qualified' (default), 'score>=X' (the weighted rubric score), or any rule of generation/acceptance.py;
+    compliance is always required."""
     if spec == "qualified":
         return accept_qualified
-    m = re.fullmatch(r"score>=([0-9]*\.?[0-9]+)", spec.replace(" ", ""))
-    if not m:
-        raise ValueError(f"unknown acceptance policy {spec!r}; use 'qualified' or 'score>=0.7'")
-    threshold = float(m[1])
-    if threshold > 1:  # the weighted rubric score lies in [0, 1]: such a policy would silently accept nothing
-        raise ValueError(f"acceptance policy {spec!r}: the rubric score is between 0 and 1, so nothing would pass; "
-                         "use e.g. 'score>=0.7'")
+    rule = AcceptanceRule.parse(spec)
 
-    def accept_score(verdict: Verdict, task: Task) -> bool:
-        return verdict.score >= threshold and verdict.compliance(task.direction)
+    def accept_rule(verdict: Verdict, task: Task) -> bool:
+        return rule.accepts({name: getattr(verdict, name) for name in VERDICT_FIELDS}, task.direction,
+                            getattr(task, "modality", None))
 
-    accept_score.__name__ = f"score>={threshold}"
-    return accept_score
+    accept_rule.__name__ = rule.text
+    return accept_rule
 
 
 def attempt_seed(run_seed: int, task: Task, round_no: int) -> int:

@@ -20,7 +20,8 @@ VERBS = ("export", "report")
 
 USAGE = """\
 medbanana review SOURCE --out REVIEW_DIR [--mode rubric|realism] [--items N] [--raters-per-item K]
-                        [--seed S] [--source-images DIR] [--host HOST] [--port P] [--no-serve]
+                        [--calibration | --only POLICY.json|IDS] [--seed S] [--source-images DIR]
+                        [--host HOST] [--port P] [--no-serve]
        medbanana review REVIEW_DIR [--host HOST] [--port P]
        medbanana review export REVIEW_DIR --out labels.csv [--rater NAME]
        medbanana review report REVIEW_DIR --out DIR [--bootstrap N] [--seed S]"""
@@ -35,6 +36,10 @@ Blind expert review of edits and of the judge, on a local web page (pip install 
       instruction; the rater answers the four rubric dimensions, `qualified` and an optional reason. realism
       mode: single images, real and edited shuffled: "real or edited?" and a confidence 1-5; no rater sees one
       source both real and edited. Raters never see the judge's verdict, the model, the round or the outcome.
+      --calibration draws a calibration sample instead, for `medbanana calibrate`: a seeded random sample of
+      judged attempts (accepted and rejected), stratified by modality and direction, each item's inclusion
+      probability recorded. --only POLICY.json reviews exactly the edits `calibrate` could not decide (or the
+      ids of a CSV's `id` column, or of a text file, one per line).
   medbanana review REVIEW_DIR
       Serve an existing review again (a folder holding review.sqlite): raters continue where they stopped.
   medbanana review export REVIEW_DIR --out labels.csv [--rater NAME]
@@ -67,6 +72,13 @@ OPTIONS = (
                                          "the network)"), {"create", "serve"}),
     ("--port", dict(type=int, metavar="P", help=f"serving: the port (default {DEFAULT_PORT})"), {"create", "serve"}),
     ("--no-serve", dict(action="store_true", help="creating: create the review folder and stop"), {"create"}),
+    ("--calibration", dict(action="store_true",
+                           help="creating: a calibration sample for `medbanana calibrate` (seeded random, judged "
+                                "attempts, stratified by modality and direction, inclusion probabilities recorded)"),
+     {"create"}),
+    ("--only", dict(type=Path, metavar="FILE",
+                    help="creating: exactly these edits: a POLICY.json's undecided edits, a CSV's id column or one "
+                         "id per line"), {"create"}),
     ("--rater", dict(metavar="NAME", help="export: one rater's own answers instead of the majority"), {"export"}),
     ("--bootstrap", dict(type=int, metavar="N", help=f"report: bootstrap resamples for the intervals (default "
                                                      f"{DEFAULT_BOOTSTRAP})"), {"report"}),
@@ -126,6 +138,9 @@ def register(subparsers) -> None:
     for flag, keywords, _forms in OPTIONS:
         p.add_argument(flag, **keywords)
     p.set_defaults(func=run_review)
+    from .calibrate_command import register as register_calibrate
+
+    register_calibrate(subparsers)
 
 
 def run_review(args) -> int:
@@ -173,16 +188,22 @@ def run_create(args, source: Path) -> int:
         from .app import load_gradio
 
         load_gradio()
+    only = None
+    if args.only is not None:
+        if args.calibration or args.items is not None:
+            raise ValueError("--only reviews exactly the edits it lists: leave out --calibration and --items")
+        only = listed_ids(args.only)
     store = create_review(source, args.out, mode=args.mode or "rubric",
-                          items=DEFAULT_ITEMS if args.items is None else args.items,
+                          items=len(only) if only else DEFAULT_ITEMS if args.items is None else args.items,
                           raters_per_item=DEFAULT_RATERS if args.raters_per_item is None else args.raters_per_item,
-                          seed=0 if args.seed is None else args.seed, source_images=args.source_images)
+                          seed=0 if args.seed is None else args.seed, source_images=args.source_images,
+                          calibration=args.calibration, only=only)
     settings = store.settings
     items = store.items()
     few = settings.edits < settings.requested_items
     short = f" (fewer edits than --items {settings.requested_items})" if few else ""
     print(f"created review {args.out}: {len(items)} {settings.mode} items from {settings.edits} edits{short}, "
-          f"{settings.raters_per_item} rater(s) per item, seed {settings.seed}")
+          f"{settings.raters_per_item} rater(s) per item, seed {settings.seed}; sample: {settings.design}")
     if settings.round_auroc is not None:
         print(f"blinding: round 1 vs later rounds from the instructions shown, AUROC {settings.round_auroc:.2f} "
               "(0.5: indistinguishable)")
@@ -194,6 +215,29 @@ def run_create(args, source: Path) -> int:
     except ValueError as exc:  # e.g. the port is taken: the review exists now, so creating it again would fail
         raise ValueError(f"{exc} (the review is created: serve it with `medbanana review {args.out} --port P`)") \
             from exc
+
+
+def listed_ids(path: Path) -> set[str]:
+    """The edit ids `--only` names: a POLICY.json's undecided edits, a CSV's `id` column, or one id per line."""
+    import csv
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--only: not found: {path}")
+    text = Path(path).read_text(encoding="utf-8-sig")
+    if Path(path).suffix.lower() == ".json":
+        from ..generation.acceptance import read_policy
+
+        ids = {str(entry["id"]) for entry in read_policy(path).get("undecided") or [] if isinstance(entry, dict)}
+    elif Path(path).suffix.lower() == ".csv":
+        rows = list(csv.DictReader(text.splitlines()))
+        if rows and "id" not in rows[0]:
+            raise ValueError(f"--only {path}: a CSV of edits needs an id column")
+        ids = {row["id"].strip() for row in rows if (row.get("id") or "").strip()}
+    else:
+        ids = {line.strip() for line in text.splitlines() if line.strip()}
+    if not ids:
+        raise ValueError(f"--only {path}: lists no edit")
+    return ids
 
 
 def _serve(store, args) -> int:

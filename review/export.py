@@ -4,7 +4,8 @@ One row per answered edit: `id` (the edit's sample id, `<uid>#<round>`), the fiv
 `raters` (how many answers the row summarises) and, per dimension, `<dimension>_yes` (how many of them said yes).
 By default a dimension's label is the majority of the raters, empty on a tie; an edit whose `qualified` ties has
 no usable label and is left out (counted in the summary). With `rater=NAME` the rows are that rater's own answers,
-with their reason. A realism review is refused: its answers (real or edited?) are not verdicts of the judge's
+with their reason. `sample`, `inclusion_probability` and `stratum_size` say how the item was drawn (what
+`medbanana calibrate` weighs the labels by). A realism review is refused: its answers (real or edited?) are not verdicts of the judge's
 rubric; `medbanana review report` summarises them.
 """
 
@@ -17,11 +18,18 @@ from pathlib import Path
 
 from ..generation.files import atomic_write_text
 from ..generation.records import VERDICT_BOOLEANS
+from ..builder.review_folder import IN_TURNS
 from .reliability import majority
 from .store import ReviewStore, StoredAnswer, check_rater_name
 
+# `sample` and after: how the item was drawn (calibrate's inputs: its inclusion probability and stratum size in a
+# calibration sample, empty otherwise)
 COLUMNS = ["id", *VERDICT_BOOLEANS, "raters", *(f"{d}_yes" for d in VERDICT_BOOLEANS), "dataset", "modality",
-           "disease", "direction", "item"]
+           "disease", "direction", "item", "sample", "inclusion_probability", "stratum_size"]
+
+
+def _blank(value) -> str:
+    return "" if value is None else repr(value)
 
 
 def _cell(value: bool | None) -> str:
@@ -59,7 +67,9 @@ def export_labels(folder: Path, out_csv: Path, rater: str | None = None) -> dict
         if not given:
             continue
         row = {"id": item.sample_id, "raters": len(given), "dataset": item.dataset, "modality": item.modality or "",
-               "disease": item.disease, "direction": item.direction, "item": item.item_id}
+               "disease": item.disease, "direction": item.direction, "item": item.item_id,
+               "sample": settings.design or IN_TURNS, "inclusion_probability": _blank(item.inclusion_probability),
+               "stratum_size": _blank(item.stratum_size)}
         for dim in VERDICT_BOOLEANS:
             votes = [getattr(a.answer, dim) for a in given if getattr(a.answer, dim) is not None]
             label = majority(votes)

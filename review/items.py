@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import random
 import sys
@@ -22,6 +23,7 @@ from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples, r
 from ..generation.records import decode_rgb
 from ..generation.rundir import layout
 from .blinding import blind_instruction, leakage_warning, round_leakage, round_of
+from ..builder.review_folder import CALIBRATION, ESCALATION, IN_TURNS
 from .store import IMAGES, MODES, ReviewItem, ReviewSettings, ReviewStore, refuse_existing
 
 def outcome(sample: Sample) -> str:
@@ -136,12 +138,59 @@ def _in_turn(node: dict | list, rng: random.Random) -> Iterator:
                 yield sample
 
 
+def calibration_sample(samples: list[Sample], n: int, seed: int) -> tuple[list[Sample], dict[str, tuple]]:
+    """A seeded random sample of `n` judged attempts (accepted and rejected), stratified by modality and direction
+    with proportional allocation, and each one's (inclusion probability, its stratum's size). A stratum's share
+    n * N_h / N is rounded systematically (one seeded uniform offset over the strata in a seeded order), so every
+    judged attempt is drawn with the same probability n / N: estimates need no weights, and are unbiased.
+
+    >>> from types import SimpleNamespace as S
+    >>> pool = [S(id=f"a{i}", modality="xray", direction="add", disease="d", accepted=i % 2 == 0) for i in range(6)]
+    >>> pool += [S(id=f"m{i}", modality="mri", direction="add", disease="d", accepted=True) for i in range(3)]
+    >>> picked, design = calibration_sample(pool, 3, seed=0)
+    >>> sorted(s.id[0] for s in picked), sorted(set(design.values()))
+    (['a', 'a', 'm'], [(0.3333333333333333, 3), (0.3333333333333333, 6)])
+    """
+    if n < 1:
+        raise ValueError("--items must be at least 1")
+    judged = sorted((s for s in samples if outcome(s) != "unjudged"), key=lambda s: s.id)
+    if not judged:
+        raise ValueError("no judged attempt to draw a calibration sample from (no recorded verdict)")
+    strata: dict[tuple[str, str], list[Sample]] = {}
+    for sample in judged:
+        strata.setdefault((sample.modality or "unknown", sample.direction), []).append(sample)
+    total, n = len(judged), min(n, len(judged))
+    rng = random.Random(seed)
+    keys = sorted(strata)
+    rng.shuffle(keys)
+    offset, cumulative, picked, design = rng.random(), 0.0, [], {}
+    for key in keys:
+        share = n * len(strata[key]) / total
+        count = math.floor(cumulative + share + offset) - math.floor(cumulative + offset)
+        cumulative += share
+        for sample in rng.sample(strata[key], count):
+            picked.append(sample)
+            design[sample.id] = (n / total, len(strata[key]))
+    return picked, design
+
+
+def listed_edits(samples: list[Sample], ids: set[str]) -> list[Sample]:
+    """The edits `--only` names (calibrate's undecided edits), all of them; ValueError naming one not found."""
+    found = [s for s in samples if s.id in ids]
+    missing = sorted(ids - {s.id for s in found})
+    if missing:
+        raise ValueError(f"--only names {len(missing)} edit(s) that are not in the source with both images, e.g. "
+                         f"{missing[0]!r}")
+    return found
+
+
 def make_items(samples: Sequence[Sample], mode: str, folder: Path, seed: int, *,
-               quiet: bool = False) -> list[ReviewItem]:
+               quiet: bool = False, design: dict[str, tuple] | None = None) -> list[ReviewItem]:
     """Blind items for `mode`, their images written to `folder/images/`, in a seeded shuffled order.
 
     rubric: one item per edit (source and edit side by side). realism: one `edited` item per edit and one `real`
     item per distinct source; all items of one source share a pair id, so one rater sees a source in one form only.
+    `design`: sample id -> (inclusion probability, stratum size) of a calibration sample.
     """
     from tqdm.auto import tqdm
 
@@ -160,7 +209,8 @@ def make_items(samples: Sequence[Sample], mode: str, folder: Path, seed: int, *,
         edited = _write_png(folder, image_bytes(sample.edited))
         common = dict(sample_id=sample.id, dataset=sample.dataset, modality=sample.modality, disease=sample.disease,
                       direction=sample.direction, judge=sample.recorded_verdict, accepted=sample.accepted,
-                      stratum=stratum(sample))
+                      stratum=stratum(sample), **dict(zip(("inclusion_probability", "stratum_size"),
+                                                          (design or {}).get(sample.id, (None, None)))))
         if mode == "rubric":
             items.append(ReviewItem(item_id="", pair_id=sample.id, shown="pair",
                                     instruction=blind_instruction(sample.instruction, canonical_prompt(sample)),
@@ -203,14 +253,25 @@ def _write_png(folder: Path, data: bytes) -> str:
 
 
 def create_review(source: Path, out: Path, *, mode: str, items: int, raters_per_item: int, seed: int,
-                  source_images: Path | None = None, quiet: bool = False) -> ReviewStore:
+                  source_images: Path | None = None, quiet: bool = False, calibration: bool = False,
+                  only: set[str] | None = None) -> ReviewStore:
     """Sample `items` edits of a dataset or run into a new review folder `out` and return its store; how well the
-    shown instructions still tell the round is measured and kept in its settings (a warning above 0.65)."""
+    shown instructions still tell the round is measured and kept in its settings (a warning above 0.65).
+    `calibration`: a calibration sample (`calibration_sample`); `only`: exactly these edits (escalation)."""
     if raters_per_item < 1:
         raise ValueError("--raters-per-item must be at least 1")
+    if calibration and mode != "rubric" or only is not None and mode != "rubric":
+        raise ValueError("--calibration and --only draw edits for rubric answers (qualified or not): not with "
+                         "--mode realism")
     refuse_existing(out)  # before sampling: the images would be written into another review's folder
-    picked = stratified_sample(read_edits(source, source_images=source_images), items, seed)
-    review_items = make_items(picked, mode, Path(out), seed, quiet=quiet)
+    edits, design = read_edits(source, source_images=source_images), None
+    if only is not None:
+        picked, kind = listed_edits(edits, only), ESCALATION
+    elif calibration:
+        (picked, design), kind = calibration_sample(edits, items, seed), CALIBRATION
+    else:
+        picked, kind = stratified_sample(edits, items, seed), IN_TURNS
+    review_items = make_items(picked, mode, Path(out), seed, quiet=quiet, design=design)
     auroc, note = None, "not measured: realism items show no instruction"
     if mode == "rubric":
         auroc, note = round_leakage([i.instruction for i in review_items],
@@ -218,7 +279,7 @@ def create_review(source: Path, out: Path, *, mode: str, items: int, raters_per_
     settings = ReviewSettings(mode=mode, raters_per_item=raters_per_item, seed=seed, source=str(Path(source).resolve()),
                               requested_items=items, edits=len(picked),
                               created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              round_auroc=auroc, round_auroc_note=note)
+                              round_auroc=auroc, round_auroc_note=note, design=kind)
     warning = leakage_warning(auroc)
     if warning:
         print(warning, file=sys.stderr)

@@ -40,6 +40,7 @@ from .reliability import (
     reliability_matrix,
 )
 from .blinding import leakage_warning
+from ..builder.review_folder import CALIBRATION, IN_TURNS
 from .store import ReviewItem, ReviewStore, StoredAnswer
 
 NEEDED_FOR = "medbanana review report"
@@ -62,6 +63,7 @@ def write_report(folder: Path, out_dir: Path, bootstrap: int = 2000, seed: int =
     lines = ["# Expert review report", "", (f"Review `{folder}`: {settings.mode} mode, {settings.raters_per_item} "
              f"rater(s) wanted per item, sampled from `{settings.source}` (seed {settings.seed}). Intervals: 95 % "
              f"percentile bootstrap, {bootstrap} resamples, seed {seed}."), "", _blinding_line(settings), "",
+             sample_line(settings.design), "",
              *_coverage_lines(result["coverage"])]
     if not answers:
         lines += ["No answers yet: there is nothing to compute.", ""]
@@ -247,6 +249,18 @@ def _notes(entries: dict[str, dict[str, dict]], names: dict[str, str]) -> list[s
                 value = entry[key]["value"]
                 grouped[(label, ("cannot be computed: " if value is None else "") + entry[key]["note"])].append(dim)
     return [f"- {label}, {', '.join(dims)}: {why}." for (label, why), dims in grouped.items()]
+
+
+def sample_line(design: str) -> str:
+    """Whether the review's labels are a calibration sample, the only kind `calibrate` states a guarantee with."""
+    if design == CALIBRATION:
+        return ("Sample: a calibration sample (seeded random over the judged attempts, stratified by modality and "
+                "direction, each item's inclusion probability recorded): its labels give unbiased precision and "
+                "yield estimates and can calibrate an acceptance rule (the `calibrate` command).")
+    return (f"Sample: {design or IN_TURNS}, **not a calibration sample**: its items were not drawn at random from "
+            "the judged attempts with known probabilities, so precision or approval rates computed from its labels "
+            "may be biased, and the `calibrate` command states no guarantee with them; draw a calibration sample "
+            "with `review SOURCE --out DIR --calibration`.")
 
 
 def _blinding_line(settings) -> str:

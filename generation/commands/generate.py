@@ -55,14 +55,14 @@ def _positive(text: str) -> float:
 
 
 def _accept(text: str) -> str:
-    """An acceptance policy checked when the options are read (loop.acceptance_policy), kept as its text."""
-    from ..loop import acceptance_policy
+    """An acceptance rule checked when the options are read (generation/acceptance.py), kept as its text; a
+    POLICY.json made by `medbanana calibrate` gives its rule (the run records the rule, not the file)."""
+    from ..acceptance import rule_option
 
     try:
-        acceptance_policy(text)
-    except ValueError as exc:
+        return rule_option(text)[0]
+    except (ValueError, FileNotFoundError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 ROLES = ("writer", "editor", "judge")
@@ -105,7 +105,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"],
                    help=f"run seed; each attempt's seed derives from it (default {RUN_DEFAULTS['seed']})")
     g.add_argument("--accept", type=_accept, default=RUN_DEFAULTS["accept"],
-                   help="acceptance policy: 'qualified' (the judge's verdict, default) or 'score>=0.7'")
+                   help="acceptance policy: 'qualified' (the judge's verdict, default), 'score>=0.7', another rule "
+                        "(docs/calibration.md), or a POLICY.json made by `medbanana calibrate` (its rule is recorded)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
