@@ -38,7 +38,7 @@ def generate_exit_code(summary, stream=None) -> int:
     if summary.missing_sources:
         print(f"medbanana generate: {len(summary.missing_sources):,} api_failed task(s) cannot be retried: their "
               f"source file is gone (first: {summary.missing_sources[0]}); restore it, or end them with "
-              f"--retry-failed {summary.run_dir} --drop-missing-sources", file=stream)
+              f"{retry_command(summary.run_dir)} --drop-missing-sources", file=stream)
     failed = summary.statuses["api_failed"] - summary.error_kinds[SOURCE_MISSING]
     if not failed:
         return EXIT_OK
