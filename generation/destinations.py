@@ -31,6 +31,7 @@ from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from .files import not_regular, read_jsonl
+from .secrets import scrub
 
 MANIFEST = "prepare_manifest.jsonl"  # what `prepare` writes beside the dataset folders, one JSON line per image
 CREDENTIALED, OPEN, UNKNOWN, SYNTHETIC = "credentialed", "open", "unknown", "synthetic"
@@ -80,7 +81,7 @@ class Destination:
 
     def to_json(self, classes: Iterable[str] = ()) -> dict:
         return {"roles": list(self.roles), "backend": self.backend, "where": self.where, "class": self.kind,
-                "attested": self.attested, "url": self.url,
+                "attested": self.attested, "url": scrub(self.url),  # a key in its query is not recorded
                 "data_use": sorted(set(classes), key=DATA_USE_CLASSES.index)}
 
 
