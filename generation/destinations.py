@@ -41,6 +41,7 @@ DESTINATION_CLASSES = (LOCAL, NO_RETENTION, CLOUD)
 ACCEPTED = {CREDENTIALED: (LOCAL, NO_RETENTION), UNKNOWN: DESTINATION_CLASSES, OPEN: DESTINATION_CLASSES,
             SYNTHETIC: DESTINATION_CLASSES}
 ZERO_RETENTION = "zero-retention"  # what --attest-endpoint takes
+ROLES = ("writer", "editor", "judge")  # in the order a round calls them
 
 # The SDKs' own variables that move an endpoint (read here so that the destination is the one the call reaches).
 GEMINI_BASE_VARIABLE, VERTEX_BASE_VARIABLE = "GOOGLE_GEMINI_BASE_URL", "GOOGLE_VERTEX_BASE_URL"
@@ -299,7 +300,8 @@ def record_destinations(places: Iterable[Destination], classes: Iterable[str], e
             continue
         key = (entry.get("backend"), entry.get("where"), entry.get("class"))
         old = merged.setdefault(key, {**entry, "roles": [], "data_use": []})
-        old["roles"] = sorted(set(old["roles"]) | {r for r in entry.get("roles") or () if isinstance(r, str)})
+        roles = set(old["roles"]) | {r for r in entry.get("roles") or () if isinstance(r, str)}
+        old["roles"] = sorted(roles, key=lambda r: (ROLES.index(r) if r in ROLES else len(ROLES), r))
         use = set(old["data_use"]) | {c for c in entry.get("data_use") or () if c in DATA_USE_CLASSES}
         old["data_use"] = sorted(use, key=DATA_USE_CLASSES.index)
     return list(merged.values())

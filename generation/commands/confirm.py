@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..destinations import ZERO_RETENTION, destinations, printable, vertex_on
-
-ROLES = ("writer", "editor", "judge")
+from ..destinations import ROLES, ZERO_RETENTION, destinations, printable, vertex_on
 
 
 def recorded_options(config: dict) -> list[tuple[str, str | None]]:

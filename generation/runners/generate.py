@@ -91,7 +91,7 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
     tasks = select_tasks(sources, selection, modality, limit, known, allow_none=options.retry_failed)
     sent = sent_to(tasks, sources, spec, backend, roles, backend_options)  # refused here, before any connection
     extra_config = {**(extra_config or {}), "destinations": record_destinations(
-        sent[0], sent[1], (schema.read_run_config(out) or {}).get("destinations") if out.is_dir() else None)}
+        sent[0], sent[1], (schema.read_run_config(out) or {}).get("destinations") if Path(out).is_dir() else None)}
     if spec is not None:  # built here with workers too: to record them, and to fail on bad options before any spawn
         writer, editor, judge = spec.build(out)
     else:

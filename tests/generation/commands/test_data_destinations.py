@@ -170,7 +170,7 @@ def test_credentialed_sources_go_to_a_loopback_server_and_are_recorded_in_run_ca
         assert code in (0, 3) and fake.count() >= 2
     assert "warning" not in capsys.readouterr().err
     recorded = {d["backend"]: d for d in json.loads((run / layout.RUN_CONFIG).read_text())["destinations"]}
-    assert recorded["openai"]["class"] == "local" and recorded["openai"]["roles"] == ["judge", "writer"]
+    assert recorded["openai"]["class"] == "local" and recorded["openai"]["roles"] == ["writer", "judge"]
     assert recorded["openai"]["where"] == f"127.0.0.1:{fake.port}" and recorded["openai"]["data_use"] == ["credentialed"]
     assert recorded["simulator"]["roles"] == ["editor"] and recorded["simulator"]["data_use"] == ["credentialed"]
 
@@ -178,7 +178,7 @@ def test_credentialed_sources_go_to_a_loopback_server_and_are_recorded_in_run_ca
     card = (tmp_path / "dataset" / "README.md").read_text()
     section = card.split("## Where the source images went")[1].split("\n## ")[0]
     assert f"127.0.0.1:{fake.port} (openai) &#124; local &#124; credentialed" not in section  # cells, not escaped pipes
-    assert f"| run | judge and writer | 127.0.0.1:{fake.port} (openai) | local | credentialed |" in section
+    assert f"| run | writer and judge | 127.0.0.1:{fake.port} (openai) | local | credentialed |" in section
     info = json.loads((tmp_path / "dataset" / "medbanana-build.json").read_text())
     assert info["destinations"]["run"][0]["data_use"] == ["credentialed"]
 
@@ -437,3 +437,12 @@ def test_an_oversize_answer_is_a_recorded_failure_not_a_huge_file(backend, how, 
     [record] = _records(tmp_path / "run")
     assert record["error"]["kind"] == "answer_too_large" and server.calls == 1, record["error"]  # never asked again
     assert sum(p.stat().st_size for p in (tmp_path / "run").rglob("*") if p.is_file()) < 1_000_000
+
+
+def test_the_demos_phantoms_are_synthetic_in_manifest_run_and_card(demo_run_root):
+    demo = demo_run_root / "demo-run"
+    assert {use.kind for use in sources_data_use(demo / "sources").values()} == {"synthetic"}
+    [simulator] = json.loads((demo / "run" / layout.RUN_CONFIG).read_text())["destinations"]
+    assert (simulator["backend"], simulator["class"], simulator["data_use"]) == ("simulator", "local", ["synthetic"])
+    assert "| run | writer and editor and judge | this process (simulator) | local | synthetic |" in (
+        demo / "dataset" / "README.md").read_text()
