@@ -39,9 +39,9 @@ def no_endpoint_variables(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def prepared(tmp_path: Path, *data_use: str) -> Path:
+def prepared(tmp_path: Path, *data_use: str, name: str = "MIMIC_dest") -> Path:
     """Sources made by `prepare folders` (one normal and one Pneumothorax image), with `--data-use` as given."""
-    raw = mimic_sources(tmp_path / "raw", "MIMIC_dest", per_class=1)
+    raw = mimic_sources(tmp_path / "raw", name, per_class=1)
     out = tmp_path / "sources"
     assert main(["prepare", "folders", str(raw), "--out", str(out), "--size", "128", "-q", *data_use]) == 0
     return out
@@ -446,3 +446,16 @@ def test_the_demos_phantoms_are_synthetic_in_manifest_run_and_card(demo_run_root
     assert (simulator["backend"], simulator["class"], simulator["data_use"]) == ("simulator", "local", ["synthetic"])
     assert "| run | writer and editor and judge | this process (simulator) | local | synthetic |" in (
         demo / "dataset" / "README.md").read_text()
+
+
+def test_a_merged_run_records_what_each_shard_sent(tmp_path):
+    runs = []
+    for name, use in (("MIMIC_cred", ["--data-use", "credentialed"]), ("MIMIC_open", ["--data-use", "open",
+                                                                                       "--licence", "CC BY 4.0"])):
+        sources = prepared(tmp_path / name, *use, name=name)
+        runs.append(tmp_path / name / "run")
+        assert main(["generate", "--sources", str(sources), "--out", str(runs[-1]), "--backend", "simulator",
+                     *ONE_TASK]) == 0
+    assert main(["merge", *map(str, runs), "--out", str(tmp_path / "merged")]) == 0
+    [simulator] = json.loads((tmp_path / "merged" / layout.RUN_CONFIG).read_text())["destinations"]
+    assert simulator["data_use"] == ["credentialed", "open"] and simulator["class"] == "local"
