@@ -9,7 +9,8 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from .generation.files import atomic_write_json
+from .generation.destinations import MANIFEST, SYNTHETIC, manifest_row
+from .generation.files import atomic_write_bytes, atomic_write_json
 from .generation.rundir import layout
 from .generation.runners.generate import generate
 from .generation.runners.local import RunOptions, RunSummary
@@ -36,6 +37,10 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
     if not manifest.exists():  # a rerun resumes on the same sources
         provenance = write_demo_sources(sources, n_normal=n_normal, n_diseased=n_diseased, size=size, seed=seed)
         atomic_write_json(manifest, provenance)
+    if not (sources / MANIFEST).exists():  # the phantoms' data-use class, as `prepare` records one
+        rows = json.loads(manifest.read_text(encoding="utf-8"))
+        atomic_write_bytes(sources / MANIFEST, "".join(
+            manifest_row(r["dataset"], r["path"], SYNTHETIC, label=r.get("label")) for r in rows).encode("utf-8"))
     summary = generate(sources, run_dir, backend="simulator",
                        options=RunOptions(concurrency=concurrency, seed=seed, quiet=quiet, max_rounds=max_rounds,
                                           accept=accept),

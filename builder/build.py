@@ -40,7 +40,8 @@ from .parquet import ConfigSchema, finalize_shards
 from .partition import PartitionSpec, error_line, partition_worker, build_partition
 from .reviews import open_reviews, reviewed_uids, write_reviews
 from .rows import IMAGE_CONFIGS
-from .runs import Unit, discover_units, recorded_max_rounds, recorded_signing, task_keys, unit_size
+from .runs import (Unit, discover_units, recorded_destinations, recorded_max_rounds, recorded_signing, task_keys,
+                   unit_size)
 from .safety import POLICIES, Refused
 from .sources import SourceIndex
 from .stats import BuildStats
@@ -128,8 +129,9 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             splits = ["train", "test"] if test_fraction > 0 else ["train"]
             files, final_digests = _finalize(staging, configs, splits, digests)
             figure = _draw_figure(stats, staging / FIGURE)
+            sent = {run_dir.name: recorded_destinations(run_dir) for run_dir in _whole_runs(units)}
             info = build_info(units, configs, splits, files, stats, test_fraction, max_shard_bytes, sources,
-                               figure, unsafe)
+                               figure, unsafe, sent)
             info.update({"reviews": reviewed} if reviewed else {})
             approval = expert_approval(stats, labels) if labels else None
             recorded = recorded_rules(_whole_runs(units))
@@ -142,7 +144,7 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
                                max_rounds=max_rounds, test_fraction=test_fraction,
                                sources=sources, build_note=note, figure=figure,
-                               signing=_signing(units),
+                               signing=_signing(units), destinations=sent,
                                acceptance=acceptance_note(rule, policy, recorded, approval, md_escape))
             (staging / README).write_text(card, encoding="utf-8")
             write_manifest(staging, final_digests)

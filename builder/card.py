@@ -96,11 +96,13 @@ def front_matter(stats: BuildStats, present: dict[str, list[str]]) -> str:
 
 def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[str]], *, max_rounds: int,
                 test_fraction: float, sources: dict | None, build_note: str, figure: str | None,
-                signing: dict[str, int] | None = None, acceptance: str = "") -> str:
+                signing: dict[str, int] | None = None, acceptance: str = "",
+                destinations: dict[str, list | None] | None = None) -> str:
     """`configs`: what was asked for; `present`: those with rows -> their non-empty splits; `sources`: how many
     tasks got their source image (`BuildStats.source_counts`), None when none were asked for; `figure`: Figure
     3's file name beside the card, or None when it was not drawn; `acceptance`: the section on the acceptance rule
-    and expert approval (builder/acceptance.py)."""
+    and expert approval (builder/acceptance.py); `destinations`: run name -> what it records of where its images
+    went (runs.recorded_destinations)."""
     splits = ["train", "test"] if test_fraction > 0 else ["train"]
     accepted, failed, api_failed = (stats.total_tasks(s) for s in STATUSES)
     attempts = sum(stats.attempts.values())
@@ -129,6 +131,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
         "datasets_table": "\n".join(f"| {md_escape(run)} | {md_escape(dataset)} | {md_escape(modality)} | {n:,} |"
                                      for (run, dataset, modality), n in sorted(stats.datasets.items())),
         "build_note": build_note, "acceptance_note": acceptance,
+        "destinations_note": destinations_note(destinations or {}),
     }
     return Template(card_template()).substitute(values)
 
@@ -272,6 +275,25 @@ def signing_note(signing: dict[str, int] | None, runs: int) -> str:
         ".get_validation_state()` is `Valid` (`Trusted` when the CA is given as a trust anchor).")
 
 
+def destinations_note(by_run: dict[str, list | None]) -> str:
+    """Per run and destination, the data-use classes of the source images sent there (generation/destinations.py:
+    local, cloud-no-retention or cloud; credentialed, open, unknown or synthetic), every value escaped."""
+    rows = [f"| {md_escape(run)} | {md_escape(' and '.join(map(str, e.get('roles') or ())))} | "
+            f"{md_escape(e.get('where'))} ({md_escape(e.get('backend'))}) | {md_escape(e.get('class'))}"
+            f"{' (attested)' if e.get('attested') is True else ''} | "
+            f"{md_escape(', '.join(map(str, e.get('data_use') or ())) or 'not recorded')} |"
+            for run, entries in sorted(by_run.items()) for e in entries or ()]
+    silent = sorted(run for run, entries in by_run.items() if not entries)
+    note = (f"{len(silent)} run(s) recorded no destinations (made before medbanana recorded them): "
+            f"{', '.join(md_escape(run) for run in silent[:5])}{' ...' if len(silent) > 5 else ''}." if silent else "")
+    if not rows:
+        return note or "No run behind this build recorded where its images went."
+    return ("Each run records where the writer, editor and judge sent the source images and the data-use classes "
+            "those images had (as the sources folder's manifest declared them; a user can mislabel data):\n\n"
+            "| run | roles | destination | class | data-use classes sent |\n|---|---|---|---|---|\n"
+            + "\n".join(rows) + (f"\n\n{note}" if note else ""))
+
+
 def refused_note(stats: BuildStats) -> str:
     """The card's sentence on inputs left out under `--unsafe skip` (empty when none were)."""
     if not stats.refusals:
@@ -292,7 +314,7 @@ def coerced_note(stats: BuildStats) -> str:
 
 
 def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, max_shard_bytes,
-               sources: dict | None, figure: str | None, unsafe: str = "error") -> dict:
+               sources: dict | None, figure: str | None, unsafe: str = "error", destinations=None) -> dict:
     """What medbanana-build.json holds: versions, runs, options, rows and files per config, statistics."""
     import datasets
 
@@ -305,7 +327,7 @@ def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, 
             "runs": runs, "test_fraction": test_fraction, "max_shard_bytes": max_shard_bytes,
             # claimed only when every task got its source; `sources` counts them (null: none were asked for)
             "sources_attached": sources is not None and 0 < sources["matched"] == sources["total"],
-            "sources": sources, "figure": figure, "unsafe": unsafe,
+            "sources": sources, "figure": figure, "unsafe": unsafe, "destinations": destinations or {},
             "mask_method": MASK_METHOD if stats.mask_origins[STORED] or stats.mask_origins[COMPUTED] else None,
             "configs": {c: {s: {"rows": stats.rows[(c, s)], "files": files.get(c, {}).get(s, [])} for s in splits}
                         for c in configs},

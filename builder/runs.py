@@ -237,6 +237,16 @@ def recorded_signing(run_dir: Path) -> str | None:
         else None
 
 
+def recorded_destinations(run_dir: Path) -> list[dict] | None:
+    """Where a run of ours sent its images and the data-use classes it sent there (medbanana-run.json's
+    `destinations`, generation/destinations.py), None when it records none or nothing readable."""
+    try:
+        value = (schema.read_run_config(run_dir) or {}).get("destinations")
+    except (ValueError, AttributeError, OSError):  # linked out, not a run configuration, unreadable
+        return None
+    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, list) else None
+
+
 def block_of(items: list, part: int, parts: int) -> list:
     return items[len(items) * part // parts: len(items) * (part + 1) // parts]
 

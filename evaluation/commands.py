@@ -10,6 +10,7 @@ from pathlib import Path
 from ..generation import backends
 from ..generation.rundir.lock import hold_lock
 from .failures import eval_exit_code
+from .sent import check_judge_destination
 
 INPUT_HELP = ("an evaluation folder (samples.jsonl or samples.csv; see evaluation/inputs.py), a folder made by "
               "`medbanana build`, or a run directory")
@@ -171,6 +172,7 @@ def run_eval(args) -> int:
 
     if args.source_images is None and input_kind(args.input) == "run":  # a run holds no sources to score with
         raise ValueError(sources_notice(args.input))
+    check_judge_destination(args)  # before anything is read or sent (generation/destinations.py's gate)
     attempts = "all" if args.all_attempts else "accepted"
     make_samples = _samples(args, attempts)
     samples = make_samples()  # input errors surface here, before anything is written
@@ -350,6 +352,7 @@ def run_judge_agreement(args) -> int:
 
     if args.judge != "gemini":
         args.temperature = None  # the temperature applies to the gemini judge only
+    check_judge_destination(args)
     judge = _judge(args, cache_dir=None)  # no request cache: repeats must be fresh calls
     settings = {"input": str(args.input.resolve()), "judge": judge_description(judge), "repeats": args.repeats,
                 "human": str(args.human) if args.human else None, "limit": args.limit, "seed": args.seed}

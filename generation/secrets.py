@@ -5,16 +5,21 @@ an error body or a refusal's text, as they are or encoded. Those texts end up in
 caches, the JSON files and the dataset's parquet, so each is passed through `scrub` where it is created or cached:
 the values of the secrets this process holds (API keys and the HF token, from their variables or handed to `hold`;
 a password in a base URL; Vertex AI access tokens, held as they are fetched) in every form an echo may take them (as they are; base64, standard and URL-safe, at each
-of the three byte offsets inside a longer base64 text; hex, lower and upper case; percent-encoded) and anything in
-a credential shape (`Authorization: Bearer ...`, `x-goog-api-key: ...`, `?key=...`, `hf_...`, a URL's
-`user:password@`) become `[redacted]`. What is not caught: a secret encoded twice, or in another encoding (gzip,
-JSON's \\u escapes of every character, ...).
+of the three byte offsets inside a longer base64 text; base32, upper and lower case, at each of its five byte
+offsets; hex, lower and upper case; percent-encoded; any of those broken into lines, as MIME wraps base64 at 76
+characters, with CR LF, LF or their JSON escapes; HTML character references, `&#97;`, `&#x61;` or named, for some or
+all of its characters) and anything in a credential shape (`Authorization: Bearer ...`, `x-goog-api-key: ...`,
+`?key=...`, `hf_...`, a URL's `user:password@`) become `[redacted]`; a wrapped or entity-encoded run that holds one
+is replaced whole. What is not caught: a secret encoded twice (HTML entities of its base64, ...), or in another
+encoding (gzip, JSON's \\u escapes of every character, quoted-printable, ...); bytes that are not text (an image's
+pixels) are never searched.
 """
 
 from __future__ import annotations
 
 import base64
 import functools
+import html
 import os
 import re
 from urllib.parse import quote, quote_plus, unquote, urlsplit
@@ -83,14 +88,17 @@ def encodings(value: str) -> tuple[str, ...]:
     depend on its bytes alone: a neighbour shares the edge ones), hex (lower and upper case), percent-encoded (by
     `quote` and `quote_plus`, and every byte as %XX; upper- and lower-case hex digits).
 
-    >>> encodings("secret-0123")[-3:]  # base64 at offsets 0, 1, 2 (the URL-safe alphabet changes nothing here)
-    ('NlY3JldC0wMTIz', 'c2VjcmV0LTAxMj', 'zZWNyZXQtMDEyM')
+    >>> [f for f in encodings("secret-0123") if f.startswith(("c2Vj", "ONSW"))]  # base64 and base32 at offset 0
+    ['ONSWG4TFOQWTAMJSG', 'c2VjcmV0LTAxMj']
     """
     data = value.encode("utf-8")
     forms = {data.hex(), data.hex().upper()}
     for offset in range(3):  # the characters wholly made of the value's bits: from ceil(8*offset/6) to the last
         b64 = base64.b64encode(bytes(offset) + data).decode("ascii")[-(-8 * offset // 6):8 * (offset + len(data)) // 6]
         forms |= {b64, b64.translate(_URLSAFE)}
+    for offset in range(5):  # base32: 5 bits a character, so five byte offsets
+        b32 = base64.b32encode(bytes(offset) + data).decode("ascii")[-(-8 * offset // 5):8 * (offset + len(data)) // 5]
+        forms |= {b32, b32.lower()}
     every_byte = "".join(f"%{b:02X}" for b in data)
     for percent in (quote(value, safe=""), quote(value), quote_plus(value), every_byte):
         forms |= {percent, re.sub(r"%[0-9A-F]{2}", lambda m: m[0].lower(), percent)}
@@ -155,7 +163,34 @@ def scrub(text: str, secrets=()) -> str:
     for pattern in _PATTERNS:
         out = pattern.sub(lambda m: m.group(1) + m.group(2) + MARK, out)
     out = _TOKENS.sub(MARK, out)
+    out = _scrub_runs(out, raw, encoded)
     return text if out == text else out
+
+
+# A run of base64/base32/hex characters broken into lines (MIME wraps base64 at 76 characters), the breaks as they
+# are or JSON-escaped; anchored at the start of a run and possessive, so that a long run (an image's base64) is
+# scanned once.
+_WRAPPED = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/=_-]++(?:(?:\r?\n|\\r\\n|\\n)[A-Za-z0-9+/=_-]++)+")
+_LINE_BREAKS = re.compile(r"\r?\n|\\r\\n|\\n")
+# A run of text up to whitespace, markup or a quote that holds a `&...;` (HTML character references: `&#97;`,
+# `&#x61;`, `&amp;`); anchored at the start of a run so that each run is scanned once.
+_ENTITIES = re.compile(r"(?<![^\s<>\"'])(?=[^\s<>\"']*?&#?[0-9A-Za-z]{1,32};)[^\s<>\"']++")
+
+
+def _scrub_runs(text: str, raw: tuple[str, ...], encoded: tuple[str, ...]) -> str:
+    """`text` with each line-wrapped run and each run of HTML character references that holds a held secret (in
+    any of its forms, once joined or decoded) replaced whole by MARK."""
+    if not raw:
+        return text
+
+    def holds(joined: str) -> bool:
+        return any(value in joined for value in raw) or any(form in joined for form in encoded)
+
+    if "\n" in text or "\\n" in text:
+        text = _WRAPPED.sub(lambda m: MARK if holds(_LINE_BREAKS.sub("", m[0])) else m[0], text)
+    if "&" in text and ";" in text:
+        text = _ENTITIES.sub(lambda m: MARK if holds(html.unescape(m[0])) else m[0], text)
+    return text
 
 
 def scrub_strings(obj, secrets=()):

@@ -7,7 +7,8 @@ and location, or Vertex AI express mode with an API key); the SDK's own environm
 The HTTP stack is the SDK's: its aiohttp transport when aiohttp is installed (the `google-genai[aiohttp]` extra,
 which medbanana depends on), else httpx. Retries are http.Transport's, so the client's own are switched off with
 public options: `HttpRetryOptions(attempts=1)`; without retry options the SDK would instead retry a refused or
-dropped connection once by itself, after sleeping 1 to 10 s, under our per-call timeout.
+dropped connection once by itself, after sleeping 1 to 10 s, under our per-call timeout. Every answer passes
+guard.py (no redirect to another host, a size limit) through the public `HttpOptions(async_client_args=...)`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import google.auth
 from google.auth import exceptions as auth_errors
 from google.genai import types
 
+from ..destinations import VERTEX_VARIABLE
+from .guard import aiohttp_middlewares, httpx_event_hooks
+
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
-VERTEX_VARIABLE = "GOOGLE_GENAI_USE_VERTEXAI"  # the SDK's switch, read here too: the key is then optional
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"  # the scope the SDK asks ADC for
 
 
@@ -84,7 +87,10 @@ def client_options(api_key: str | None, base_url: str | None, vertex: VertexTarg
                    timeout: float) -> dict:
     """`genai.Client(**client_options(...))`: the endpoint, how calls are signed, and the HTTP options."""
     # The client's own timeout is a backstop; http.Transport's per-call timeout bounds the whole call.
-    http_options = types.HttpOptions(timeout=int((timeout + 5) * 1000),
+    # aiohttp takes `middlewares` as a request argument, httpx (the SDK's fallback) `event_hooks` as a client one:
+    # the SDK passes each only to the stack that knows it
+    guards = {"middlewares": aiohttp_middlewares(), "event_hooks": httpx_event_hooks()}
+    http_options = types.HttpOptions(timeout=int((timeout + 5) * 1000), async_client_args=guards,
                                      retry_options=types.HttpRetryOptions(attempts=1))
     if base_url:
         http_options.base_url = base_url

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from .gemini_client import VertexTarget, client_options, resolve_api_key
 from .gemini_wire import InlineData, encode, part_for_key, rest_contents
+from .guard import MAX_ANSWER_BYTES, AnswerRefused, check_text, strings_in
 from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
     parse_retry_after
 from ..secrets import hold, holds_secret, scrub, scrub_model, url_credentials
@@ -39,10 +40,15 @@ def parse_response(body: str | dict) -> types.GenerateContentResponse:
     The SDK's types forbid fields they do not know, so the day the API adds one every answer would fail to parse
     (and be retried as a bad response). Fields the installed SDK does not know are dropped instead, where pydantic
     names them; any other validation error stands."""
+    return _parse(body)[0]
+
+
+def _parse(body: str | dict) -> tuple[types.GenerateContentResponse, bool]:
+    """(parse_response's answer, whether fields it does not know were dropped)."""
     try:
         if isinstance(body, dict):
-            return types.GenerateContentResponse.model_validate(body)
-        return types.GenerateContentResponse.model_validate_json(body)
+            return types.GenerateContentResponse.model_validate(body), False
+        return types.GenerateContentResponse.model_validate_json(body), False
     except ValidationError as exc:
         unknown = [error["loc"] for error in exc.errors() if error["type"] == "extra_forbidden"]
         if not unknown or len(unknown) < len(exc.errors()):
@@ -53,7 +59,13 @@ def parse_response(body: str | dict) -> types.GenerateContentResponse:
         for step in loc[:-1]:
             parent = parent[step]
         parent.pop(loc[-1], None)
-    return types.GenerateContentResponse.model_validate(data)
+    return types.GenerateContentResponse.model_validate(data), True
+
+
+def answer_texts(response: types.GenerateContentResponse) -> list[str]:
+    """Every string an answer holds (text and thought parts, finish messages, model version, ids, function call
+    arguments, ...); image bytes and thought signatures are bytes, not text, and are not among them."""
+    return strings_in(response.model_dump(exclude_none=True, exclude={"sdk_http_response"}))
 
 
 class RequestCache(ResponseCache):
@@ -80,11 +92,13 @@ class RequestCache(ResponseCache):
         self.put_json(key, scrub_response(response, body)[1])
 
 
-def scrub_response(response: types.GenerateContentResponse, body: str) -> tuple[types.GenerateContentResponse, str]:
+def scrub_response(response: types.GenerateContentResponse, body: str,
+                   texts: list[str] | None = None) -> tuple[types.GenerateContentResponse, str]:
     """The answer and its JSON body without secrets (an endpoint may echo the request's headers into any field).
-    Bodies are large and nearly always clean: a substring search and the text parts' scrub decide; a dirty answer
-    is scrubbed field by field and re-serialised (image bytes are not text, and are left alone)."""
-    texts = [p.text for c in response.candidates or [] if c.content for p in c.content.parts or [] if p.text]
+    Bodies are large and nearly always clean: a substring search of the body and a scrub of every string field
+    (`texts`: answer_texts(response), when already made) decide; a dirty answer is scrubbed field by field and
+    re-serialised (image bytes are not text, and are left alone)."""
+    texts = answer_texts(response) if texts is None else texts
     if not holds_secret(body) and all(scrub(text) is text for text in texts):
         return response, body
     clean = scrub_model(response, exclude_none=True, exclude={"sdk_http_response"})
@@ -188,15 +202,25 @@ class ResultsFile:
 
     def _read(self) -> Iterator[tuple[str, BatchItem]]:
         with open(self.path, encoding="utf-8") as fh:
-            for line in fh:
+            while line := fh.readline(MAX_ANSWER_BYTES + 1):
+                if len(line) > MAX_ANSWER_BYTES:  # an answer over the limit: skipped unread (its request is
+                    while not line.endswith("\n") and line:  # then missing from the results, and asked again)
+                        line = fh.readline(MAX_ANSWER_BYTES)
+                    continue
                 if not line.strip():
                     continue
                 item = json.loads(line)
                 error = item.get("error") or item.get("status")
                 if error:
                     yield str(item.get("key", "")), item_failure(error)
-                else:
-                    yield str(item.get("key", "")), parse_response(item.get("response"))
+                    continue
+                response = parse_response(item.get("response"))
+                try:
+                    check_text(answer_texts(response))
+                except AnswerRefused as exc:
+                    yield str(item.get("key", "")), CallFailure(exc.kind, str(exc), False)
+                    continue
+                yield str(item.get("key", "")), response
 
     def __iter__(self) -> ResultsFile:
         return self
@@ -273,7 +297,12 @@ class GeminiTransport(Transport):
             self._hold_token()
         body = (answer.sdk_http_response.body if answer.sdk_http_response else None) or ""
         body = scrub(body) if holds_secret(body) else body  # first: a parse error quotes the body, cut short
-        return scrub_response(parse_response(body), body)
+        response, dropped = _parse(body)
+        if dropped:  # fields this SDK does not know are not kept in the cache either (nor anything in them)
+            body = response.model_dump_json(exclude_none=True, exclude={"sdk_http_response"})
+        texts = answer_texts(response)
+        check_text(texts)  # an answer of 300 MB of text never becomes an instruction (guard.py)
+        return scrub_response(response, body, texts)
 
     def forget(self, model: str, contents: list[types.Content], config: types.GenerateContentConfig) -> None:
         """Drop a completed request's answer from the cache (it proved unusable), so it is asked again."""

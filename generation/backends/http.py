@@ -25,6 +25,7 @@ from typing import Awaitable, Callable, Generator, TypeVar
 import pydantic
 
 from .base import APIError
+from .guard import refused_in
 from .response_cache import ResponseCache  # noqa: F401  (the transports' cache, re-exported)
 from ..prompts import reask_note
 from ..records import Usage
@@ -175,7 +176,10 @@ def failure_for_status(code: int, message: str, retry_after: float | None) -> Ca
 
 def classify_common(exc: BaseException) -> CallFailure:
     """A failed call's exception that no client library owns as a kind: timeouts, network errors and bodies that
-    do not parse are retried; anything else is a programming error and re-raised."""
+    do not parse are retried; anything else is a programming error and re-raised. An answer guard.py refused (a
+    redirect to another host, an answer over the size limit), also wrapped by a client library, is not retried."""
+    if refused := refused_in(exc):
+        return CallFailure(refused.kind, str(refused), False)
     if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:  # ours, or the HTTP stack's
         return CallFailure("timeout", "no answer within the per-call timeout", True)
     from_stack = type(exc).__module__.split(".")[0] in _TRANSPORT_MODULES

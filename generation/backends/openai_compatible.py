@@ -20,6 +20,7 @@ import re
 
 from ..extras import require
 from .base import APIError, InstructionWriter, Judge
+from .guard import capped_transport, check_text, http_library, httpx_event_hooks, refused_in, strings_in
 from ..prompts import (WRITER_PROMPTS, JudgeAnswer, clean_instruction, judge_prompt, load_prompt,
                        parse_verdict_tolerant, verdict_from_answer, writer_prompt)
 from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Usage, Verdict
@@ -42,6 +43,8 @@ def classify_openai(exc: BaseException) -> CallFailure:
     """A failed chat-completions call as a kind; what the openai client does not raise goes to
     http.classify_common."""
     openai = _import_openai()
+    if refused_in(exc):  # guard.py's refusal, which the client wraps as a connection error: not retried
+        return classify_common(exc)
     if isinstance(exc, openai.APITimeoutError):
         return CallFailure("timeout", "no answer within the per-call timeout", True)
     if isinstance(exc, openai.APIConnectionError):
@@ -64,8 +67,13 @@ class OpenAITransport(Transport):
         super().__init__(**options)
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         hold(*url_credentials(self.base_url))  # a password in it is sent (Basic auth) and may be echoed
+        # every answer passes guard.py: no redirect to another host (the key and the images would go along), a
+        # size limit on the bytes received
+        client_class = openai.DefaultAsyncHttpxClient
+        http_client = client_class(transport=capped_transport(http_library(client_class)),
+                                   event_hooks=httpx_event_hooks())
         self._client = openai.AsyncOpenAI(api_key=self._secret, base_url=self.base_url, timeout=self.timeout + 5,
-                                          max_retries=0)
+                                          max_retries=0, http_client=http_client)
         self._completion_type = openai.types.chat.ChatCompletion
 
     @staticmethod
@@ -90,9 +98,13 @@ class OpenAITransport(Transport):
             except ValueError:  # a torn or foreign file: asked again and replaced
                 pass
         # an endpoint may echo the request's headers, the key with them: scrubbed before it is read or cached
+        async def create():
+            answer = await self._client.chat.completions.create(model=model, **request)
+            check_text(strings_in(answer.model_dump(exclude_none=True)))  # guard.py's limit on an answer's text
+            return answer
+
         completion = scrub_model(await self.limited_call(
-            model, lambda: self._client.chat.completions.create(model=model, **request), classify_openai,
-            lambda answer: (answer.usage.total_tokens or 0) if answer.usage else 0))
+            model, create, classify_openai, lambda answer: (answer.usage.total_tokens or 0) if answer.usage else 0))
         if key:
             self.cache.put_json(key, completion.model_dump_json())
         return completion

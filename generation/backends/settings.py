@@ -109,7 +109,8 @@ class GeminiSettings(_APISettings):
 
 @dataclass(frozen=True)
 class OpenAISettings(_APISettings):
-    """The `openai` writer and judge: key from OPENAI_API_KEY; `model` serves both roles unless one is named."""
+    """The `openai` writer and judge: key from OPENAI_API_KEY; `model` serves both roles unless one is named.
+    `zero_retention`: the user attests that a remote endpoint keeps no data (generation/destinations.py)."""
 
     backend = "openai"
     can_play = ("writer", "judge")
@@ -117,6 +118,7 @@ class OpenAISettings(_APISettings):
     writer_model: str | None = None
     judge_model: str | None = None
     structured_output: str = "json_schema"
+    zero_retention: bool = False
 
     def transport(self, cache_dir: Path):
         from .openai_compatible import OpenAITransport

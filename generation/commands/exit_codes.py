@@ -38,7 +38,7 @@ def generate_exit_code(summary, stream=None) -> int:
     if summary.missing_sources:
         print(f"medbanana generate: {len(summary.missing_sources):,} api_failed task(s) cannot be retried: their "
               f"source file is gone (first: {summary.missing_sources[0]}); restore it, or end them with "
-              f"--retry-failed {summary.run_dir} --drop-missing-sources", file=stream)
+              f"{retry_command(summary.run_dir)} --drop-missing-sources", file=stream)
     failed = summary.statuses["api_failed"] - summary.error_kinds[SOURCE_MISSING]
     if not failed:
         return EXIT_OK
@@ -50,6 +50,19 @@ def generate_exit_code(summary, stream=None) -> int:
         print_reasons(reasons, total_kinds=distinct, stream=stream)
     else:  # the JSON files were not materialised (an interrupted close): the kinds at least
         print_reasons(summary.error_kinds.most_common(TOP), stream=stream)
-    print(f"retry them with: medbanana generate --retry-failed {summary.run_dir} (a source error needs its file "
-          "fixed first)", file=stream)
+    print(f"retry them with: {retry_command(summary.run_dir)} (a source error needs its file fixed first)",
+          file=stream)
     return EXIT_INCOMPLETE
+
+
+def retry_command(run_dir: Path) -> str:
+    """`medbanana generate --retry-failed RUN_DIR` with what the run records of its destinations (confirm.py: a
+    retry gives them itself), as one line to type."""
+    from ..rundir import schema
+    from .confirm import recorded_options, shown
+
+    try:
+        config = schema.read_run_config(run_dir) or {}
+    except ValueError:
+        config = {}
+    return f"medbanana generate {shown([('--retry-failed', str(run_dir)), *recorded_options(config)])}"

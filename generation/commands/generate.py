@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..destinations import ZERO_RETENTION
 from ..records import DEFAULT_MAX_PIXELS
 from ..taxonomy import DIRECTIONS, load_taxonomy
 
@@ -70,31 +71,13 @@ RUN_DEFAULTS = {"max_rounds": 5, "seed": 0, "accept": "qualified"}  # add_run_op
 
 
 def take_recorded_options(args, config: dict) -> None:
-    """--retry-failed: the options RUN_DIR/medbanana-run.json records (each role's backend and model, Vertex AI and
-    its project and location, max rounds, seed, accept policy) for those not given, so that the retry command
-    `generate` prints works as printed. Any given is kept: a different one is refused by the run directory's check,
-    naming it."""
+    """--retry-failed: the options RUN_DIR/medbanana-run.json records that choose no destination (max rounds, seed,
+    accept policy) for those not given. Any given is kept: a different one is refused by the run directory's check,
+    naming it. What names a destination (sources, backends, models, Vertex AI, base URLs) is never taken from the
+    run: the command line must give it as the run records it (confirm.py)."""
     for name in RUN_DEFAULTS:
         if getattr(args, name) is None and config.get(name) is not None:
             setattr(args, name, config[name])
-    backends = config.get("backends") if isinstance(config.get("backends"), dict) else {}
-    for role in ROLES:
-        made = backends.get(role) if isinstance(backends.get(role), dict) else {}
-        if not isinstance(made.get("backend"), str):
-            continue
-        if getattr(args, role) is None and args.backend is None:
-            setattr(args, role, made["backend"])
-        chosen = getattr(args, role) or args.backend
-        model_option = f"{role}_model"
-        taken_by_openai_model = chosen == "openai" and args.openai_model
-        if (chosen == made["backend"] != "simulator" and made.get("model") and not taken_by_openai_model
-                and getattr(args, model_option, "absent") is None):  # the simulator's models are its own
-            setattr(args, model_option, made["model"])
-        if chosen == made["backend"] and isinstance(vertex := made.get("vertex"), dict):  # a run on Vertex AI
-            args.vertex = True
-            for key in ("project", "location"):
-                if getattr(args, f"vertex_{key}") is None and isinstance(vertex.get(key), str):
-                    setattr(args, f"vertex_{key}", vertex[key])
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -140,13 +123,11 @@ def cmd_generate(args) -> int:
             return 2
         out = args.retry_failed
         recorded = run_config(out)
-        if sources is None:
-            sources = Path(recorded["sources_root"])
         take_recorded_options(args, recorded)
     for name, default in RUN_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
-    if sources is None or out is None:
+    if (sources is None and not args.retry_failed) or out is None:  # a retry's --sources: confirm.py names it
         print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
         return 2
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
@@ -165,11 +146,17 @@ def cmd_generate(args) -> int:
         vertex=vertex, vertex_project=args.vertex_project,
         vertex_location=args.vertex_location, **shared), openai=OpenAISettings(
         base_url=args.openai_base_url, model=args.openai_model, writer_model=args.writer_model,
-        judge_model=args.judge_model, structured_output=args.structured_output, **shared), diffusers=DiffusersSettings(
+        judge_model=args.judge_model, structured_output=args.structured_output,
+        zero_retention=args.attest_endpoint == ZERO_RETENTION, **shared), diffusers=DiffusersSettings(
         model=args.editor_model, steps=args.diffusers_steps, guidance_scale=args.guidance_scale,
         image_guidance_scale=args.image_guidance_scale, resolution=args.diffusers_resolution, dtype=args.dtype,
         device=args.device, batch_size=args.diffusers_batch_size, attention=args.diffusers_attention,
         attention_dir=args.save_attention))
+    from .confirm import refused_destinations  # before anything is opened or sent
+
+    if refused := refused_destinations(args, spec, recorded if args.retry_failed else None):
+        print(f"medbanana generate: {refused}", file=sys.stderr)
+        return 2
     one_process = bool(args.batch or roles["editor"] == "diffusers")
     if args.workers == "auto":
         if args.executor == "ray":
@@ -220,7 +207,10 @@ def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options):
     except ImportError as exc:
         print(f"medbanana generate: {exc}", file=sys.stderr)
         return 2
+    from ..runners.generate import select_tasks, sent_to
     from ..runners.ray_executor import ShardJob, run_on_ray
+
+    sent_to(select_tasks(sources, selection, args.modality, args.limit), sources, spec)  # each shard checks again
 
     job = ShardJob(sources, spec, options, selection=selection, modality=args.modality, limit=args.limit)
     return run_on_ray(job, out, shards=args.shards, address=args.ray_address, cpus_per_shard=args.workers,
@@ -306,6 +296,11 @@ def register(sub) -> None:
     g.add_argument("--openai-base-url", metavar="URL",
                    help="chat-completions server, e.g. http://localhost:8000/v1 (default: OPENAI_BASE_URL, else "
                         "api.openai.com)")
+    g.add_argument("--attest-endpoint", choices=(ZERO_RETENTION,),
+                   help="you attest that the remote OpenAI-compatible endpoint (--openai-base-url) keeps no data, "
+                        "trains on none and lets no human review it: its destination class becomes "
+                        "cloud-no-retention, which credentialed sources may go to (recorded in the run; "
+                        "docs/data-destinations.md)")
     g.add_argument("--openai-model", metavar="NAME", help="model name as the server knows it, for writer and judge "
                                                           "(--writer-model / --judge-model override per role)")
     g.add_argument("--structured-output", choices=("json_schema", "json_object", "none"), default="json_schema",
@@ -331,9 +326,11 @@ def register(sub) -> None:
                         "--diffusers-attention)")
     p.add_argument("--retry-failed", type=Path, metavar="RUN_DIR",
                    help="re-run the tasks of RUN_DIR that ended with an API error, with the selection (diseases, "
-                        "modalities, directions, shard, limit) and sources its medbanana-run.json records; "
-                        "other selection options are refused. Backends, models, --vertex-project/--vertex-location, "
-                        "--max-rounds, --seed and --accept default to the recorded ones too (give the signing certificate again: it is not stored)")
+                        "modalities, directions, shard, limit) its medbanana-run.json records; other selection "
+                        "options are refused. --max-rounds, --seed and --accept default to the recorded ones; what "
+                        "names a destination (--sources, backends, models, Vertex AI project and location, base "
+                        "URLs) is never taken from the run: give it as the run records it (the retry line printed "
+                        "after API failures carries it). Give the signing certificate again: it is not stored")
     p.add_argument("--drop-missing-sources", action="store_true",
                    help="with --retry-failed: end for good the api_failed tasks whose source file is gone (kept in "
                         "the records with kind source_missing, their rounds too; not counted by the exit code). "

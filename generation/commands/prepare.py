@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..destinations import DATA_USE_CLASSES
 from ..records import DEFAULT_MAX_PIXELS
 from ..sources.adapters import ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, PrepareError
 from ..sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare
@@ -40,6 +41,11 @@ Kinds:
                    source per eye, labelled from that eye's keywords when they name exactly one class.
   folders          ROOT/{D}/{normal,<Disease>}/ (images, or DICOM with pydicom), or one {D} folder.
 
+Data use: each image's manifest line records its data-use class, which `generate` and `eval` check before any
+image goes to a cloud service (docs/data-destinations.md): mimic-cxr is credentialed (PhysioNet's agreement: never
+sent to a `cloud` destination), brain-tumor-mri and odir are open (with their licence), folders are unknown unless
+--data-use says otherwise (a MIMIC-CXR DICOM folder: --data-use credentialed).
+
 OUT then feeds `medbanana generate --sources OUT`.
 """
 
@@ -66,6 +72,10 @@ def register(subparsers) -> None:
     g.add_argument("--splits", nargs="+", default=("Training", "Testing"), help="Brain Tumor MRI splits to use")
     g.add_argument("--modality", choices=sorted(load_taxonomy().modalities),
                    help="folders: modality when the folder names do not tell")
+    g.add_argument("--data-use", choices=DATA_USE_CLASSES, metavar="CLASS",
+                   help="folders: the images' data-use class, one of " + ", ".join(DATA_USE_CLASSES) + " (default "
+                        "unknown; credentialed for PhysioNet credentialed data such as MIMIC-CXR DICOM)")
+    g.add_argument("--licence", metavar="TEXT", help="folders with --data-use open: the licence of the images")
     g = p.add_argument_group("label files")
     g.add_argument("--labels", type=Path, help="MIMIC CheXpert csv or ODIR spreadsheet (default: found in ROOT)")
     g.add_argument("--metadata", type=Path, help="MIMIC metadata csv (default: found in ROOT)")
@@ -91,7 +101,7 @@ def cmd_prepare(args) -> int:
     image = ImageOptions(size=args.size, aspect=args.aspect, quality=args.quality, min_side=args.min_side,
                          max_pixels=args.max_pixels)
     opts = PrepareOptions(image=image, per_class=args.per_class, seed=args.seed, classes=tuple(args.classes),
-                          workers=args.workers, quiet=args.quiet)
+                          workers=args.workers, quiet=args.quiet, data_use=args.data_use, licence=args.licence)
     try:
         sections = prepare(args.kind, args.root, args.out, adapter_opts, opts)
     except PrepareError as exc:
@@ -107,6 +117,8 @@ def cmd_prepare(args) -> int:
         classes = ", ".join(f"{k} {v}" for k, v in section["per_class"].items())
         print(f"{name} ({section['modality']}): {c['prepared_now']} prepared now, {c['prepared_total']} in total "
               f"[{classes}]; {c['skipped']} skipped, {c['converted']} converted, {c['renamed']} renamed")
+        use = section["data_use"]
+        print(f"  data use: {use['class']}" + (f" ({use['licence']})" if use["licence"] else ""))
         if section.get("shortfall"):
             print(f"  fewer than --per-class: {section['shortfall']}")
     print(f"sources: {args.out}  report: {args.out / REPORT}  manifest: {args.out / MANIFEST}")

@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 
 from . import layout, schema
+from ..destinations import record_destinations
 from ..files import MISSING, not_regular, same_bytes
 from ..records import json_bool, task_uid
 from ..taxonomy import DIRECTIONS
@@ -238,6 +239,9 @@ def _merge(inputs: list[Path], out: Path) -> dict:
             finished.append((record, copies))
     config = {k: v for k, v in configs[0].items() if k not in ("created",)}
     config["merged_from"] = [str(p.resolve()) for p in inputs]
+    # every shard's destinations with the data-use classes it sent there (shards of other datasets send others)
+    config["destinations"] = record_destinations([], (), [d for c in configs if isinstance(c.get("destinations"), list)
+                                                          for d in c["destinations"]])
     if isinstance(config.get("selection"), dict):  # the merged run is every shard's: `--retry-failed` retries all
         config["selection"] = {**config["selection"], "shard": None}
     incoming = {dst: src for _, copies in finished for src, dst in copies}

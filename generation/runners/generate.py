@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 from .. import backends
 from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+from ..destinations import classes_of, destinations, gate, record_destinations, sources_data_use
 from ..prompts import PROMPT_NAMES, prompt_versions
 from ..rundir import layout, schema
 from ..records import Task
@@ -87,6 +89,9 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
         selection, modality, limit = _selection_of(recorded), recorded.get("modality"), recorded.get("limit")
         options = replace(options, shard=tuple(recorded["shard"]) if recorded.get("shard") else None)
     tasks = select_tasks(sources, selection, modality, limit, known, allow_none=options.retry_failed)
+    sent = sent_to(tasks, sources, spec, backend, roles, backend_options)  # refused here, before any connection
+    extra_config = {**(extra_config or {}), "destinations": record_destinations(
+        sent[0], sent[1], (schema.read_run_config(out) or {}).get("destinations") if Path(out).is_dir() else None)}
     if spec is not None:  # built here with workers too: to record them, and to fail on bad options before any spawn
         writer, editor, judge = spec.build(out)
     else:
@@ -112,6 +117,25 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
 
         return run_in_workers(tasks, out, spec, options, config)
     return run(tasks, out, writer, editor, judge, options, config)
+
+
+def sent_to(tasks: list[Task], sources: Path, spec: BackendSpec | None, backend: str = "simulator",
+            roles: dict | None = None, backend_options: dict | None = None) -> tuple[list, set[str]]:
+    """(the run's destinations, the data-use classes of its tasks' sources): DestinationRefused when a class may not
+    go to a destination (destinations.gate), each warning it has for them given as a warning (one line each)."""
+    import warnings
+
+    if spec is not None:
+        places = destinations(spec.roles, gemini=spec.gemini, openai=spec.openai, diffusers=spec.diffusers)
+    else:  # backends by name and options: each backend's options from the first role that plays it
+        names = {role: (roles or {}).get(role) or backend for role in backends.ROLES}
+        given = {name: SimpleNamespace(**(backend_options or {}).get(role, {})) for role, name in reversed(names.items())}
+        places = destinations(names, gemini=given.get("gemini"), openai=given.get("openai"),
+                              diffusers=given.get("diffusers"))
+    classes = classes_of({task.dataset for task in tasks}, sources_data_use(sources))
+    for line in gate(places, classes):
+        warnings.warn(line, stacklevel=2)
+    return places, set(classes)
 
 
 def select_tasks(sources: Path, selection: Selection, modality: str | None, limit: int | None,

@@ -2,7 +2,8 @@
 
     OUT/{D}/normal/{id}.jpeg         sources for "add"
     OUT/{D}/{Disease}/{id}.jpeg      sources for "remove" (single-disease images)
-    OUT/prepare_manifest.jsonl       one line per prepared image (append-only; the resume record)
+    OUT/prepare_manifest.jsonl       one line per prepared image (append-only; the resume record), with its data-use
+                                     class (`data_use`, `licence`: generation/destinations.py)
     OUT/prepare_report.json          per dataset: options, counts, one entry per file skipped/converted/renamed
     OUT/prepare_private.jsonl        the input path of each image named from its content (DICOM): not to publish
 
@@ -36,17 +37,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..destinations import CREDENTIALED, DATA_USE_CLASSES, MANIFEST, OPEN, UNKNOWN
 from ..files import atomic_write_bytes, atomic_write_json, not_regular, open_append, read_jsonl
 from ..taxonomy import load_taxonomy
 from .adapters import AdapterOptions, Candidate, DatasetSource, PrepareError, Problem, load_dataset_sources
 from .preprocess import BadImage, ImageOptions, Prepared, prepare_image
 
-MANIFEST = "prepare_manifest.jsonl"
 REPORT = "prepare_report.json"
 PRIVATE = "prepare_private.jsonl"
 # output stems stay far below NAME_MAX (255 bytes) once the generator adds -{Disease}-edit-failed-{round}.jpeg and
 # a temporary file's prefix and suffix
 MAX_ID = 100
+# each kind's data-use class and licence (generation/destinations.py); `folders` takes --data-use, else unknown
+DATA_USE = {"mimic-cxr": (CREDENTIALED, "PhysioNet Credentialed Health Data Use Agreement (credentialed access)"),
+            "brain-tumor-mri": (OPEN, "Brain Tumor MRI Dataset (Kaggle): the licence on its dataset page"),
+            "odir": (OPEN, "ODIR-5K: the licence on its dataset page")}
 
 
 @dataclass
@@ -57,6 +62,23 @@ class PrepareOptions:
     classes: tuple[str, ...] = ()  # only these class folders (normal or released disease names)
     workers: int = 2
     quiet: bool = False
+    data_use: str | None = None  # `folders`: the class of its images (default unknown)
+    licence: str | None = None  # `folders` with data_use open: the licence, recorded with each image
+
+
+def data_use_of(kind: str, opts: PrepareOptions) -> tuple[str, str | None]:
+    """(data-use class, licence) that `kind`'s images are recorded with; PrepareError for options that do not fit."""
+    if kind in DATA_USE:
+        if opts.data_use is not None or opts.licence is not None:
+            fixed = DATA_USE[kind][0]
+            raise PrepareError(f"{kind} images are {fixed} data: --data-use and --licence apply to `folders` only")
+        return DATA_USE[kind]
+    kind_of = opts.data_use or UNKNOWN
+    if kind_of not in DATA_USE_CLASSES:
+        raise PrepareError(f"--data-use {kind_of!r}: one of {', '.join(DATA_USE_CLASSES)}")
+    if (kind_of == OPEN) != (opts.licence is not None):
+        raise PrepareError("--data-use open names its licence with --licence TEXT (and --licence goes with open only)")
+    return kind_of, opts.licence
 
 
 # --- ids --------------------------------------------------------------------------------------------------------
@@ -123,7 +145,7 @@ def _ordered(cands: list[Candidate], opts: PrepareOptions, dataset: str, label: 
 
 
 def prepare_source(src: DatasetSource, out: Path, opts: PrepareOptions, done_rows: list[dict], manifest,
-                   pool: ThreadPoolExecutor) -> dict:
+                   pool: ThreadPoolExecutor, data_use: tuple[str, str | None] = (UNKNOWN, None)) -> dict:
     """Prepare one dataset's candidates into OUT/{D}/; returns its report section."""
     from tqdm.auto import tqdm
 
@@ -171,7 +193,8 @@ def prepare_source(src: DatasetSource, out: Path, opts: PrepareOptions, done_row
                        "original_path": None if private else cand.relpath, "path": rel, "sha256": result.sha256,
                        "source_sha256": result.source_sha256, "source_width": result.source_width,
                        "source_height": result.source_height, "width": opts.image.size, "height": opts.image.size,
-                       "prep": opts.image.fingerprint(), "notes": result.notes, "extra": cand.extra}
+                       "prep": opts.image.fingerprint(), "notes": result.notes, "extra": cand.extra,
+                       "data_use": data_use[0], "licence": data_use[1]}
                 _write_prepared(out, rel, result.data, row, cand.relpath if private else None, manifest)
                 seen_hash[result.sha256] = cand.relpath
                 done[cand.relpath] = row
@@ -184,6 +207,7 @@ def prepare_source(src: DatasetSource, out: Path, opts: PrepareOptions, done_row
     bar.close()
     section = {
         "kind": src.kind, "root": str(src.root.resolve()), "modality": src.modality, "output": src.name,
+        "data_use": {"class": data_use[0], "licence": data_use[1]},
         "options": {**asdict(opts.image), "per_class": opts.per_class, "seed": opts.seed,
                     "classes": list(opts.classes)},
         "selection": src.counts,
@@ -227,6 +251,7 @@ def prepare(kind: str, root: Path, out: Path, adapter_opts: AdapterOptions | Non
     PrepareError before anything is written."""
     opts, out = opts or PrepareOptions(), Path(out)
     _check_options(opts)
+    data_use = data_use_of(kind, opts)
     sources = load_dataset_sources(kind, Path(root), adapter_opts or AdapterOptions())
     _check_dicom_support(sources)
     names = {r.get("path"): r.get("original_path") for r in read_jsonl(out / PRIVATE)}
@@ -237,12 +262,16 @@ def prepare(kind: str, root: Path, out: Path, adapter_opts: AdapterOptions | Non
         if made - {json.dumps(opts.image.fingerprint(), sort_keys=True)}:
             raise PrepareError(f"{out / src.name} was prepared with {', '.join(sorted(made))}; now "
                                f"{opts.image.fingerprint()}. Use another --out or the same --size/--aspect/--quality.")
+        recorded = {r.get("data_use") for r in existing if r.get("dataset") == src.name and r.get("data_use")}
+        if recorded - {data_use[0]}:
+            raise PrepareError(f"{out / src.name} holds images recorded as {', '.join(sorted(recorded))} data; now "
+                               f"{data_use[0]}. Use another --out, or the same --data-use.")
     out.mkdir(parents=True, exist_ok=True)
     report, sections = _read_report(out), {}
     with open_append(out / MANIFEST) as manifest, ThreadPoolExecutor(max(1, opts.workers)) as pool:
         for src in sources:
             rows = [r for r in existing if r.get("dataset") == src.name]
-            section = prepare_source(src, out, opts, rows, manifest, pool)
+            section = prepare_source(src, out, opts, rows, manifest, pool, data_use)
             examined = set(section.pop("examined"))
             old = report["datasets"].get(src.name, {}).get("entries", [])
             section["entries"] = [e for e in old if e["path"] not in examined] + section["entries"]

@@ -14,8 +14,10 @@ no file, lock or printed line.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
+import textwrap
 import socket
 import subprocess
 import sys
@@ -37,7 +39,7 @@ from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation import secrets
 from medbanana.generation.backends.response_cache import ResponseCache
-from medbanana.generation.secrets import MARK, scrub
+from medbanana.generation.secrets import LONG_RUN, MARK, scrub
 
 
 # ---------------------------------------------------------------- the scrubber itself
@@ -87,6 +89,18 @@ def test_scrub_removes_a_urls_user_info_and_a_held_urls_password(monkeypatch):
     assert leaks(password, clean) == [] and basic not in clean
 
 
+def test_scrub_removes_wrapped_base32_and_html_entity_forms(monkeypatch):
+    key = f"AIza-unit/SECRET+{uuid.uuid4()}="
+    monkeypatch.setenv("GEMINI_API_KEY", key)
+    wrapped_json = json.dumps("\r\n".join(textwrap.wrap(base64.b64encode(f"k={key}".encode()).decode(), 20)))
+    text = f"echo {encoded_more(f'x-goog-api-key: {key}')} and, JSON-escaped, {wrapped_json}"
+    assert {"base64, line-wrapped", "base32", "as it is, HTML entities"} <= set(leaks(key, text))
+    clean = scrub(text)
+    assert leaks(key, clean) == [] and scrub(clean) == clean
+    plain = "Tom &amp; Jerry &#x263A;\nline two\nABCDEF\nGHIJ \\n QUJD"  # entities and wrapped runs without a key
+    assert scrub(plain) is plain
+
+
 # ---------------------------------------------------------------- the echo server
 
 class Echo(JSONHandler):
@@ -107,8 +121,8 @@ class Echo(JSONHandler):
         bare = (headers["Authorization"] or "").rpartition(" ")[2]  # the credential alone, no header name before it
         # the credentials first: refusal messages quote only the start of an answer
         credentials = f"x-goog-api-key: {headers['x-goog-api-key']} Authorization: {headers['Authorization']} {bare}"
-        echo = f"{credentials} {encoded(credentials)} request headers: {dict(headers)} raw: {str(headers)!r} " \
-               f"path: {self.path}"
+        echo = f"{credentials} {encoded(credentials)} {encoded_more(credentials)} request headers: " \
+               f"{dict(headers)} raw: {str(headers)!r} path: {self.path}"
         openai = self.path.endswith("/chat/completions")
         role = _openai_role(body) if openai else _gemini_role(body)
         n = state["calls"][role] = state["calls"].get(role, -1) + 1
@@ -133,8 +147,10 @@ class Echo(JSONHandler):
         self._gemini([{"text": thought, "thought": True}, {"text": text}], "STOP", echo)
 
     def _gemini(self, parts: list[dict], finish: str, echo: str):
+        long_echo = "." * LONG_RUN + echo  # past the length up to which the body's search looks for encoded forms
         self._json({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish,
-                                    "index": 0}], "usageMetadata": {"promptTokenCount": 1}, "modelVersion": echo})
+                                    "finishMessage": long_echo, "index": 0}],
+                    "usageMetadata": {"promptTokenCount": 1}, "modelVersion": long_echo})
 
 
 
@@ -150,10 +166,34 @@ def encoded(text: str) -> str:
     return " ".join(forms)
 
 
+def encoded_more(text: str) -> str:
+    """`text` in the encodings `encoded` leaves out: base64 wrapped at 76 characters with CR LF (MIME) after 0, 1
+    and 2 bytes of something else, base32 (upper and lower case) after 0 to 4 bytes, HTML character references
+    (decimal for every character; hexadecimal for every other one, the rest as it is)."""
+    data = text.encode()
+    forms = ["\r\n".join(textwrap.wrap(base64.b64encode(b"#" * pad + data).decode(), 76)) for pad in range(3)]
+    for pad in range(5):
+        b32 = base64.b32encode(b"#" * pad + data).decode()
+        forms += [b32, b32.lower()]
+    forms.append("".join(f"&#{ord(c)};" for c in text))
+    forms.append("".join(f"&#x{ord(c):x};" if i % 2 else html.escape(c) for i, c in enumerate(text)))
+    return " ".join(forms)
+
+
 def leaks(secret: str, text: str) -> list[str]:
     """The encodings in which `text` still holds `secret`, found by decoding (not by encoding the secret the way
     the scrubber does): the text, its percent-decoding, every hex run at both nibble offsets, every base64 run
-    (either alphabet) at each of its four character offsets."""
+    (either alphabet) at each of its four character offsets, every base32 run at each of its eight, each of these
+    also with line breaks (CR LF, LF, or their JSON escapes) removed and with HTML character references decoded."""
+    joined = re.sub(r"\r?\n|\\r\\n|\\n", "", text)
+    unescaped = html.unescape(text)
+    found = _leaks(secret, text)
+    for variant, name in ((joined, "line-wrapped"), (unescaped, "HTML entities")):
+        found += [f"{form}, {name}" for form in _leaks(secret, variant) if form not in found]
+    return found
+
+
+def _leaks(secret: str, text: str) -> list[str]:
     data, found = secret.encode(), []
     if secret in text:
         found.append("as it is")
@@ -166,6 +206,10 @@ def leaks(secret: str, text: str) -> list[str]:
         run = run.replace("-", "+").replace("_", "/")
         if any(data in base64.b64decode(run[i:][:(len(run) - i) // 4 * 4]) for i in range(4)):
             found.append("base64")
+    for run in re.findall(r"[A-Z2-7]{16,}|[a-z2-7]{16,}", text):
+        run = run.upper()
+        if any(data in base64.b32decode(run[i:][:(len(run) - i) // 8 * 8]) for i in range(8)):
+            found.append("base32")
     return found
 
 
@@ -313,6 +357,45 @@ def test_vertex_run_and_dataset_hold_no_access_token_it_fetched_from_an_echoing_
     _assert_nowhere(token, printed, run_dir, dataset)
 
 
+class QuietEcho(JSONHandler):
+    """A Gemini writer and judge whose text is clean: the key comes back only deep inside a finishMessage and a
+    modelVersion over LONG_RUN characters long, base64 at byte offset 1, base32, MIME-wrapped and as entities."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        key = self.headers["x-goog-api-key"]
+        hidden = "." * LONG_RUN + " " + base64.b64encode(b"#" + key.encode()).decode() + " " + encoded_more(key)
+        judge = (body.get("generationConfig") or {}).get("responseMimeType") == "application/json"
+        text = json.dumps({"has_disease": True, "structure_reasonable": True, "looks_realistic": True,
+                           "fidelity_preserved": True, "qualified": True, "reason": "Checked."}) if judge else \
+            "Add a small right apical pneumothorax."
+        self._json({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP",
+                                    "finishMessage": hidden, "index": 0}],
+                    "usageMetadata": {"promptTokenCount": 1}, "modelVersion": hidden})
+
+
+def test_a_key_only_in_long_answer_fields_reaches_no_file(sources, tmp_path, monkeypatch, capfd):
+    key = f"AIza-test/SECRET+{uuid.uuid4()}="
+    server = ThreadingHTTPServer(("127.0.0.1", 0), QuietEcho)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    monkeypatch.setenv("GEMINI_API_KEY", key)
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", f"http://127.0.0.1:{server.server_port}")
+    run_dir, dataset = tmp_path / "run", tmp_path / "dataset"
+    try:
+        assert main(["generate", "--sources", str(sources), "--out", str(run_dir), "--backend", "gemini", "--editor",
+                     "simulator", "--diseases", "Pneumothorax", "--directions", "add", "--max-rounds", "1",
+                     "--concurrency", "1", "--timeout", "20", "-q"]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert main(["build", str(run_dir), "--out", str(dataset), "-q"]) == 0
+    cached = list(ResponseCache(run_dir / "medbanana-cache" / "gemini").answers().values())
+    assert cached and all(MARK in text for text in cached)  # each answer held the key: each was scrubbed
+    captured = capfd.readouterr()
+    _assert_nowhere(key, captured.out + captured.err, run_dir, dataset)
+
+
 # ---------------------------------------------------------------- medbanana upload
 
 class RefusingHub(BaseHTTPRequestHandler):
@@ -429,14 +512,31 @@ def _closed_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_password_in_the_openai_base_url_is_in_no_file_lock_or_printed_line(sources, tmp_path):
+def test_a_password_in_the_openai_base_url_is_refused_without_printing_it(sources, tmp_path, capsys):
+    """A base URL holds no user-info (generation/destinations.py): refused in one line, before any connection."""
+    password = f"pw-SECRET-{uuid.uuid4().hex}"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        listening.setblocking(False)
+        url = f"http://medbanana:{password}@127.0.0.1:{listening.getsockname()[1]}/v1"
+        assert main(["generate", "--sources", str(sources), "--out", str(tmp_path / "run"), "--backend", "simulator",
+                     "--writer", "openai", "--openai-base-url", url, "--openai-model", "echo", "--limit", "1"]) == 2
+        with pytest.raises(BlockingIOError):  # no connection waits
+            listening.accept()
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no user name or password" in err
+    assert leaks(password, err) == [] and not (tmp_path / "run").exists()
+
+
+def test_a_key_in_the_openai_base_urls_query_is_in_no_file_lock_or_printed_line(sources, tmp_path):
     """A real `medbanana generate` process (the lock records its command line while it runs) against a port that
     takes connections and never answers: the lock file is read while the run waits, and is gone after it."""
     password = f"pw-SECRET-{uuid.uuid4().hex}"
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # connections wait in the backlog, unanswered, until the call's --timeout
-        url = f"http://medbanana:{password}@127.0.0.1:{silent.getsockname()[1]}/v1"
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1?key={password}"
         run_dir = tmp_path / "run"
         running = subprocess.Popen([sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out",
                                     str(run_dir), "--diseases", "Pneumothorax", "--directions", "add", "--backend",
@@ -452,7 +552,7 @@ def test_a_password_in_the_openai_base_url_is_in_no_file_lock_or_printed_line(so
         stdout, stderr = running.communicate(timeout=120)
     assert running.returncode == 3, stderr  # the one task api_failed: nothing answers there
     assert lock is not None, "the run ended before its lock file could be read"
-    assert "--openai-base-url http://[redacted]@127.0.0.1:" in lock["command"]
+    assert "--openai-base-url 'http://127.0.0.1:" in lock["command"] and "?key=[redacted]" in lock["command"]
     assert not (run_dir / "medbanana.lock").exists()  # removed when the run ended
     [record] = [r for _, _, folder in layout.find_output_dirs(run_dir)
                 for r in json.loads((folder / layout.ALL_CONVERSATIONS).read_text()).values()]

@@ -123,7 +123,7 @@ def test_vertex_without_application_default_credentials_is_one_clear_line(fake, 
     sources = mimic_sources(tmp_path / "sources", "MIMIC_vertex", per_class=1, size=64)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
     code = main(["generate", "--sources", str(sources), "--out", str(tmp_path / "run"), "--vertex",
-                 "--vertex-project", "p", "-q"])
+                 "--vertex-project", "proj-p", "-q"])
     err = capfd.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "Application Default Credentials" in err and "no-such-key.json" in err and fake.count() == 0

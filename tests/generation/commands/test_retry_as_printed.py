@@ -1,6 +1,6 @@
 """The retry command `generate` prints after API failures works as printed: `--retry-failed RUN_DIR` takes the
-run's recorded options (backends, models, Vertex AI's project and location, max rounds, seed, accept policy) for
-those not given.
+run's recorded max rounds, seed and accept policy for those not given, and the printed line itself carries what
+names a destination (sources, backends, models, Vertex AI's project and location), which a retry must give.
 
 Both commands run as a user runs them: the `medbanana` script in a subprocess, against the fake Gemini server on
 127.0.0.1, the second one split from the line the first one printed.
@@ -30,11 +30,12 @@ def _finished(run_dir: Path) -> dict[str, dict]:
     return {e["uid"]: e["record"] for e in read_journal(run_dir / layout.JOURNAL) if e["type"] == "task"}
 
 
-def _retry_as_printed(stderr: str, out: Path, env: dict, fake: FakeGemini) -> None:
-    """Run the retry command the first run printed (split from its line), on a fake with a fresh log."""
+def _retry_as_printed(stderr: str, out: Path, env: dict, fake: FakeGemini, options: list[str]) -> None:
+    """Run the retry command the first run printed (split from its line), on a fake with a fresh log; the line
+    holds `options` (the run's destinations) after the run directory."""
     printed = next(line for line in stderr.splitlines() if line.startswith("retry them with: "))
     command = shlex.split(printed.removeprefix("retry them with: ").partition(" (")[0])
-    assert command == ["medbanana", "generate", "--retry-failed", str(out)]
+    assert command == ["medbanana", "generate", "--retry-failed", str(out), *options]
     fake.reset()
     retry = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert retry.returncode == 0, retry.stderr
@@ -56,7 +57,8 @@ def test_the_printed_retry_command_takes_the_runs_options_and_finishes_the_faile
         assert len(failed) == 2
         config = (out / layout.RUN_CONFIG).read_bytes()
 
-        _retry_as_printed(first.stderr, out, env, fake)
+        _retry_as_printed(first.stderr, out, env, fake, ["--sources", str(sources), "--backend", "gemini",
+                                                         "--judge-model", JUDGE])
         judged_by = {call.model for call in fake.calls if call.role == "judge"}
 
     finished = _finished(out)
@@ -87,7 +89,9 @@ def test_the_printed_retry_command_of_a_vertex_run_calls_vertex_ai_again(tmp_pat
         failed = {uid for uid, r in _finished(out).items() if r["status"] == "api_failed"}
         assert len(failed) == 1
 
-        _retry_as_printed(first.stderr, out, env, fake)
+        _retry_as_printed(first.stderr, out, env, fake, ["--sources", str(sources), "--backend", "gemini",
+                                                         "--vertex-project", "proj-r", "--vertex-location",
+                                                         "europe-west4"])
         calls = [(call.path.split("/models/")[0], call.credential.split("-token-")[0]) for call in fake.calls]
 
     assert calls and set(calls) == {("projects/proj-r/locations/europe-west4/publishers/google", "Bearer fake-access")}

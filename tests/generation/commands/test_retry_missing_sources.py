@@ -13,8 +13,8 @@ UID = "MIMIC_small/add/large-Pneumothorax"
 
 
 def retry(run: Path, *extra: str) -> int:
-    return main(["generate", "--retry-failed", str(run), "--backend", "simulator", "--diseases", "Pneumothorax",
-                 "--directions", "add", "--max-rounds", "1", "-q", *extra])
+    return main(["generate", "--retry-failed", str(run), "--sources", str(run.parent / "sources"), "--backend",
+                 "simulator", "--diseases", "Pneumothorax", "--directions", "add", "--max-rounds", "1", "-q", *extra])
 
 
 def task_lines(run: Path) -> list[dict]:
@@ -36,7 +36,8 @@ def test_a_deleted_source_is_named_then_dropped_on_request_and_not_again(tmp_pat
     assert retry(run) == 3  # without the flag nothing is ended: the sources might only be unmounted
     err = capsys.readouterr().err
     assert "1 api_failed task(s) cannot be retried: their source file is gone (first: MIMIC_small/normal/large.jpeg)" in err
-    assert f"--retry-failed {run} --drop-missing-sources" in err and "Traceback" not in err
+    assert (f"--retry-failed {run} --sources {tmp_path / 'sources'} --backend simulator --drop-missing-sources"
+            in err and "Traceback" not in err)  # the retry line names what the run records (confirm.py)
     assert task_lines(run) == [before]
 
     assert retry(run, "--drop-missing-sources") == 0

@@ -195,7 +195,7 @@ def test_retry_failed_uses_the_recorded_selection_and_adds_no_task(fake_env, sou
     capsys.readouterr()
 
     fake_env.reset()
-    assert _generate("--retry-failed", out) == 0  # no --diseases: the recorded one is used
+    assert _generate("--retry-failed", out, "--sources", sources) == 0  # no --diseases: the recorded one is used
     printed = capsys.readouterr().out
     lines = _task_lines(out)
     assert len(lines) == 2 * len(first) and {e["uid"] for e in lines} == first  # each retried once, none added
@@ -204,10 +204,10 @@ def test_retry_failed_uses_the_recorded_selection_and_adds_no_task(fake_env, sou
     assert fake_env.count("writer") <= 2 * len(first)  # calls for these tasks only
 
     journal = (out / layout.JOURNAL).read_bytes()
-    assert _generate("--retry-failed", out, "--diseases", "Cardiomegaly") == 2
+    assert _generate("--retry-failed", out, "--sources", sources, "--diseases", "Cardiomegaly") == 2
     err = capsys.readouterr().err
     assert "--diseases Cardiomegaly (the run has Pneumothorax)" in err and err.count("\n") == 1
-    assert _generate("--retry-failed", out, "--limit", "1") == 2
+    assert _generate("--retry-failed", out, "--sources", sources, "--limit", "1") == 2
     assert "--limit 1 (the run has none)" in capsys.readouterr().err
     assert _generate("--retry-failed", out, "--out", tmp_path / "elsewhere") == 2
     assert (out / layout.JOURNAL).read_bytes() == journal and not (tmp_path / "elsewhere").exists()
@@ -224,7 +224,7 @@ def test_retry_failed_on_a_run_that_recorded_no_limit_retries_only_the_tasks_its
     del config["selection"]["limit"], config["selection"]["shard"]  # as runs made before they were recorded
     (out / layout.RUN_CONFIG).write_text(json.dumps(config))
     fake_env.reset()
-    assert _generate("--retry-failed", out) == 0
+    assert _generate("--retry-failed", out, "--sources", sources) == 0
     lines = _task_lines(out)
     assert len({e["uid"] for e in lines}) == 2 and len(lines) == 4
     assert "tasks 2 (ran 2" in capsys.readouterr().out
@@ -393,7 +393,7 @@ def test_retrying_a_merged_run_continues_each_api_failed_task_after_its_merged_r
     fake_env.judge.accept_rate = 1.0
     fake_env.reset()
     capsys.readouterr()
-    assert _generate("--retry-failed", merged, "--max-rounds", "3") == 0
+    assert _generate("--retry-failed", merged, "--sources", sources, "--max-rounds", "3") == 0
     after = _assert_consistent(merged, set(before))  # journal, JSON files and images on disk agree, no orphans
     for uid, record in after.items():
         assert record["status"] == "success"

@@ -87,7 +87,8 @@ def test_generate_max_pixels_is_prepares_option_and_is_honoured(tmp_path):
     assert set(fails) == {"large-Pneumothorax"}
     assert "48x48 = 2304 pixels > 2000 (--max-pixels)" in fails["large-Pneumothorax"]["error"]
     # a larger limit on --retry-failed lets the refused source run
-    assert main(["generate", "--retry-failed", str(tmp_path / "run"), "--backend", "simulator", "--diseases",
+    assert main(["generate", "--retry-failed", str(tmp_path / "run"), "--sources", str(tmp_path / "sources"),
+                 "--backend", "simulator", "--diseases",
                  "Pneumothorax", "--directions", "add", "--max-rounds", "1", "-q"]) == 0
     progress = json.loads((layout.output_dir(tmp_path / "run", "MIMIC_small", "add") / layout.PROGRESS).read_text())
     assert progress["large-Pneumothorax"] in ("success", "failed")
