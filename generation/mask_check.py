@@ -53,13 +53,13 @@ def mask_problem(data: bytes, size: tuple[int, int] | None = None, *,
     """Why `data` is not a mask of `size` (width, height), or None when it is one. `like`, where the exact size is
     not known (a region mask, whose source the build does not have): the mask must have the shape of one of these
     sizes (aspect ratio within LIKE_ASPECT) and at most LIKE_PIXELS times the largest one's pixels."""
-    return _checked(data, size, like)[0]
+    return check_mask(data, size, like)[0]
 
 
 def read_checked_mask(data: bytes, size: tuple[int, int] | None = None, what: str = "mask") -> np.ndarray:
     """The mask as a boolean array (height, width); ValueError naming `what` and the problem unless `data` is a
     mask (mask_problem) of `size`."""
-    problem, levels = _checked(data, size, None)
+    problem, levels = check_mask(data, size, None)
     if problem is not None:
         raise ValueError(f"{what} refused: {problem}")
     return levels > 127
@@ -76,7 +76,9 @@ def header_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def _checked(data: bytes, size, like) -> tuple[MaskProblem | None, np.ndarray | None]:
+def check_mask(data: bytes, size: tuple[int, int] | None = None,
+               like: list[tuple[int, int]] | None = None) -> tuple[MaskProblem | None, np.ndarray | None]:
+    """(None, the mask's grey levels) when `data` is a mask (`mask_problem`), else (the problem, None)."""
     header = _header_problem(data, size, like)
     if isinstance(header, MaskProblem):
         return header, None

@@ -5,15 +5,20 @@ is one line (exit 2 from the command line), never a traceback.
 Each case is a real copy of a built folder changed as an attacker would; an `outside` folder beside it holds a
 valid shard whose instructions carry a marker, which must never reach a loaded row or an export."""
 
+import io
 import json
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image, PngImagePlugin
 
 from medbanana.loaders import load_medbanana
 
@@ -28,7 +33,7 @@ def built(tmp_path_factory):
     from medbanana.builder.synthetic_run import make_synthetic_run
 
     root = tmp_path_factory.mktemp("hostile-folders")
-    make_synthetic_run(root / "run", flavor="ours", tasks_per_folder=2, image_size=40,
+    make_synthetic_run(root / "run", flavor="ours", tasks_per_folder=3, image_size=40,
                        sources_dir=root / "sources", seed=5)
     build([root / "run"], root / "dataset", source_images=root / "sources", quiet=True)
     table = pq.read_table(root / "dataset" / "sft" / SHARD)
@@ -131,3 +136,57 @@ def test_the_cards_own_files_and_side_files_are_never_followed(built, tmp_path):
 def test_a_data_files_argument_for_a_folder_is_refused(built):
     with pytest.raises(ValueError, match="split="):
         load_medbanana(built / "dataset", "sft", data_files=str(built / "outside" / "sft" / SHARD))
+
+
+def png(levels: np.ndarray, text: bytes = b"") -> bytes:
+    info = PngImagePlugin.PngInfo()
+    if text:
+        info.add_text("planted", text)
+    buffer = io.BytesIO()
+    Image.fromarray(levels.astype(np.uint8), mode="L").save(buffer, "PNG", pnginfo=info)
+    return buffer.getvalue()
+
+
+def bomb_png(side: int) -> bytes:
+    """A PNG header claiming side x side grey pixels, no real data: refused before anything is decoded."""
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * (side + 1))) + chunk(b"IEND", b""))
+
+
+def test_export_skips_rows_whose_masks_are_not_masks_of_their_image(built, tmp_path):
+    """A dataset whose sft masks were replaced: a 1x1 edit_mask is never stretched into a MedEBench mask, and grey
+    levels, a text chunk, a bomb or a region_mask of another size skip their rows, counted by reason."""
+    folder = copy(built, tmp_path)
+    shard = folder / "sft" / SHARD
+    table = pq.read_table(shard)
+    rows = table.to_pylist()
+    assert len(rows) >= 6 and all(r["edit_mask"] and r["region_mask"] for r in rows)
+    size = Image.open(io.BytesIO(rows[0]["edited_image"]["bytes"])).size
+    white = np.full(size[::-1], 255)
+    planted = {0: ("edit_mask", png(np.full((1, 1), 255)), "unusable edit_mask: not the expected size"),
+               1: ("edit_mask", png(np.arange(white.size).reshape(white.shape) % 256),
+                   "unusable edit_mask: not binary"),
+               2: ("edit_mask", png(white, MARKER.encode()), "unusable edit_mask: a chunk other than"),
+               3: ("edit_mask", bomb_png(50000), "unusable edit_mask: too large"),
+               4: ("region_mask", png(np.full((900, 17), 255)), "unusable region_mask: not the expected size")}
+    for i, (column, data, _) in planted.items():
+        if column == "region_mask":
+            rows[i]["edit_mask"] = None
+        rows[i][column] = {"bytes": data, "path": None}
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), shard)
+    out = tmp_path / "export"
+    result = subprocess.run([sys.executable, "-m", "medbanana", "export", "medebench", str(folder), "--out", str(out),
+                             "-q"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "editing" / "medbanana-export.json").read_text())
+    assert report["exported"] == len(rows) - len(planted)
+    for i, (_, _, reason) in planted.items():
+        (found,) = [r for r, uids in report["skipped"].items() if rows[i]["uid"] in uids]
+        assert found.startswith(reason) and found in result.stderr
+    for mask in (out / "editing" / "previous_mask").iterdir():  # what was exported is binary, the source's size
+        levels = np.asarray(Image.open(mask))
+        assert set(np.unique(levels)) <= {0, 255}
+    for path in out.rglob("*"):
+        assert not path.is_file() or MARKER.encode() not in path.read_bytes()
