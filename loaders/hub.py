@@ -9,7 +9,7 @@ from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
 from ..builder.features import CONFIG_FEATURES, PUBLISHED_CONFIGS, REVIEW_CONFIG, image_columns
 from ..generation.rundir import layout
-from .shards import CARD, read_card, shard_files
+from ..builder.dataset_folder import CARD, read_card, shard_files
 
 
 def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str | None = "train",
@@ -17,8 +17,8 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
     """`datasets.load_dataset` for one medbanana config, with its schema checked.
 
     `path_or_repo` is a folder written by `medbanana build` or a Hub dataset repo id. `split=None` gives every
-    split (a DatasetDict). A folder's rows are its own regular shard files alone (loaders/shards.py: the card's
-    YAML never names a file, a link is refused; a refusal is a ValueError naming the file).
+    split (a DatasetDict). A folder's rows are its own regular shard files alone (builder/dataset_folder.py: the
+    card's YAML never names a file, a link is refused; a refusal is a ValueError naming the file).
     `decode_images=False` gives images as `{"bytes", "path"}` dicts: nothing is decoded, and `ds.map` passes the
     bytes on as they are. Other keyword arguments go to `load_dataset` (e.g. `revision`).
     """
@@ -77,7 +77,8 @@ def written_as_path(name: str) -> bool:
 
 
 def _load_folder(folder: Path, config: str, split, streaming: bool, load_kwargs: dict):
-    """A local folder's config from its own shards alone (loaders/shards.py): the card is checked, never followed."""
+    """A local folder's config from its own shards alone (builder/dataset_folder.py): the card is checked, never
+    followed."""
     if "data_files" in load_kwargs:
         raise ValueError("load_medbanana reads a dataset folder's own shards: pass split=, not data_files=")
     _check_built_folder(folder)

@@ -1,11 +1,11 @@
-"""What `load_medbanana` (and `export medebench` through it) reads of a local dataset folder, found by itself.
+"""A built dataset folder's read contract (what `load_medbanana`, `export medebench` and `eval` read of a local one).
 
 A config's rows are the regular files `CONFIG/<split>-0000i-of-0000n.parquet` of the folder the user named, and
 nothing else: the card's YAML (`configs: data_files`, `data_dir`, builder options), a `.huggingface.yaml` or a
 `dataset_infos.json` never choose a file, a link (a shard, or the config folder itself) is refused, and each shard's
 footer is read and its schema decoded here first, so that a hostile footer is one line naming the file. The card is
-still read, bounded, by a safe YAML loader: a folder whose card does not parse is not one `medbanana build` wrote.
-Every refusal is a ValueError naming the file.
+read, bounded, by a safe YAML loader (`read_card`): a folder whose card does not parse is not one `medbanana build`
+wrote. Every refusal is an `Unreadable` (a ValueError) naming the file.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from ..builder.parquet import SHARD_NAME
+from .parquet import SHARD_NAME
 
 CARD = "README.md"
 MAX_CARD_BYTES = 4 * 2**20  # a built card is ~20 KB (its tables grow with the diseases, not the rows)
