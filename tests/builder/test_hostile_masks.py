@@ -14,6 +14,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -178,3 +179,28 @@ def test_a_folder_where_an_image_should_be_is_counted_by_its_path(base, tmp_path
     assert result.returncode == 0 and "Errno" not in result.stderr, result.stderr
     stats = json.loads((out / "medbanana-build.json").read_text())["stats"]
     assert stats["missing_images"] == 1 and stats["missing_image_examples"] == [f"run/{image}"]
+
+
+def test_medbanana50k_reads_stored_masks_through_the_same_checks(base, tmp_path):
+    """The loading builder (medbanana_50k.py) over a run whose stored masks are hostile: none is embedded, and a
+    warning counts them (a build lists them in medbanana-build.json)."""
+    from medbanana.medbanana_50k import MedBanana50k
+
+    run = tmp_path / "run"
+    shutil.copytree(base / "run", run)
+    planted = plant_masks(run)
+    bad = sorted(planted)[:3]
+    for image, case in zip(bad, ("grey levels", "text chunk", "wrong size")):
+        (run / layout.mask_relpaths(image)[0]).write_bytes(EDIT_CASES[case][0]())
+    builder = MedBanana50k(config_name="failed", data_dir=str(run), cache_dir=str(tmp_path / "cache"))
+    with pytest.warns(UserWarning, match=r"3 stored mask\(s\) rejected"):
+        builder.download_and_prepare()
+    undecoded = builder.as_dataset(split="train")
+    for column in ("edit_mask", "edited_image"):
+        undecoded = undecoded.cast_column(column, datasets.Image(decode=False))
+    table = {r["edited_image"]["path"]: r for r in undecoded}
+    for image in planted:
+        if image in table:
+            mask = table[image]["edit_mask"]
+            assert (mask is None) if image in bad else (mask["bytes"] == planted[image][0])
+    assert any(image in table for image in bad)
