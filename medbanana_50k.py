@@ -14,13 +14,14 @@ as the build options of the same names. For publishing, use `medbanana build` (p
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
 
 from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
-from .builder.run_masks import MaskFolders, row_masks
+from .builder.run_masks import MaskFolders, Rejections, row_masks
 from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
 from .builder.runs import discover_units, read_tasks
 from .builder.safety import Confined
@@ -56,7 +57,7 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
         config = self.config.name
         sources = SourceIndex(Path(self.config.source_images)) if self.config.source_images else None
         with_images = config in IMAGE_CONFIGS
-        confined, folders = Confined(), MaskFolders()
+        confined, folders, rejections = Confined(), MaskFolders(), Rejections()
         for unit in discover_units(Path(self.config.data_dir)):
             for task in read_tasks(unit):
                 if split_of(task.source_id, self.config.test_fraction) != split:
@@ -66,6 +67,11 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
                 if sources is not None and with_images:
                     source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
                                                  task.source_path)
-                masks = row_masks(task, images, source, confined, folders) if config in MASK_CONFIGS else None
+                masks = (row_masks(task, images, source, confined, folders, rejections=rejections)
+                         if config in MASK_CONFIGS else None)
                 for row in ROW_ITERATORS[config](task, images, source, masks):
                     yield row_key(config, row), row
+        if rejections.items:  # what `build` lists in medbanana-build.json
+            kinds = ", ".join(f"{n} {kind}" for kind, n in rejections.kinds.most_common())
+            warnings.warn(f"MedBanana50k ({split}): {len(rejections.items)} stored mask(s) rejected and computed or "
+                          f"left null ({kinds}), e.g. {rejections.items[0]}", stacklevel=2)

@@ -17,6 +17,7 @@ the masks cost a build.
    alternating: with the masks the run stored (the build copies them), with them computed at build time (the run's
    masks folder set aside: a released run, or one from before masks were stored), and without masks; the masks'
    share of build time. Target (issue 32): <= 20 %, for a run of ours (stored masks).
+3. Check: milliseconds generation/mask_check.py takes per stored mask (part of the stored masks' build time above).
 """
 
 from __future__ import annotations
@@ -118,6 +119,22 @@ def build_times(run: Path, sources: Path, repeat: int) -> dict[str, list[float]]
     return times
 
 
+def check_cost(run: Path) -> list[float]:
+    """Seconds generation/mask_check.py takes per mask the run stored, as `build` checks each before using it
+    (chunks and CRCs, the size, then the decoded pixels all 0 or 255)."""
+    from medbanana.generation.mask_check import header_size, mask_problem
+    from medbanana.generation.rundir import layout
+
+    times = []
+    for path in sorted((run / layout.MASKS).rglob("*.png")):
+        data = path.read_bytes()
+        size = header_size(data)
+        start = time.perf_counter()
+        assert mask_problem(data, size) is None, path
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.3f}" if values else "–"
 
@@ -148,6 +165,9 @@ def main(argv=None) -> int:
         print(f"cost: {1000 * statistics.median(per_image):.1f} ms per attempt image (median; mean "
               f"{1000 * statistics.fmean(per_image):.1f} ms), edit masks and the task's region, one thread: spent "
               "by the run when it writes each image")
+        checks = check_cost(run)
+        print(f"check: {1000 * statistics.median(checks):.2f} ms per stored mask (median of {len(checks)}; mean "
+              f"{1000 * statistics.fmean(checks):.2f} ms), what `build` spends checking each before it is used")
         times = build_times(run, sources, args.repeat)
         medians = {variant: statistics.median(values) for variant, values in times.items()}
         without = medians["none"]

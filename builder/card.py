@@ -22,7 +22,7 @@ from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from ..generation.rundir.schema import STATUSES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from ..generation.masks import MASK_METHOD, RECOMPUTE
-from .run_masks import COMPUTED, MISSING, STORED
+from .run_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
 from .output import BUILD_INFO
 from .paper import card_section
 from .stats import UNMARKED, BuildStats
@@ -142,17 +142,21 @@ def mask_note(origins: Counter, sources: dict | None) -> str:
     how = (f"Masks are computed by medbanana from the images, not drawn by annotators ({MASK_METHOD}); recompute "
            f"or vary them with `{RECOMPUTE}`.")  # our own constant: no data in it
     stored, computed, missing = origins[STORED], origins[COMPUTED], origins[MISSING]
+    rejected = [f"{n:,} stored {what} mask{'s' if n != 1 else ''}" for n, what in
+                ((origins[REJECTED], "edit"), (origins[REGION_REJECTED], "region")) if n]
+    refusal = (f" The build rejected {' and '.join(rejected)} (not a binary PNG mask of the image's size, or too "
+               "large; listed in medbanana-build.json) and computed or left null those instead." if rejected else "")
     if not stored and not computed:
         hint = "" if sources is not None else " (build with `--source-images DIR` to compute them)"
-        return ("In this build they are null: the runs stored no masks, and a mask needs the source image to be "
-                f"computed{hint}. " + how)
+        return (f"In this build they are null: the runs stored no {'usable ' if rejected else ''}masks, and a mask "
+                f"needs the source image to be computed{hint}.{refusal} " + how)
     told = [f"{stored:,} were stored by the run when it wrote each image"] if stored else []
     if computed:
         told.append(f"{computed:,} were computed at build time from source and edit")
     if missing:
-        told.append(f"{missing:,} are null (no stored mask, and no source image to compute one from)")
+        told.append(f"{missing:,} are null (no usable stored mask, and no source image to compute one from)")
     return (f"Of the attempt images' edit masks, {'; '.join(told)}. `edit_mask` is null where an attempt has no image, "
-            "and `region_mask` where the task has neither a stored region nor its source image. " + how)
+            "and `region_mask` where the task has neither a stored region nor its source image." + refusal + " " + how)
 
 
 def _source_note(sources: dict | None) -> str:

@@ -18,7 +18,7 @@ from ..generation.acceptance import AcceptanceRule
 from .acceptance import note_judged, redecide
 from .parquet import ConfigSchema, ShardedParquetWriter
 from .rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, split_of
-from .run_masks import MaskFolders, row_masks
+from .run_masks import MaskFolders, Rejections, row_masks
 from .runs import Unit, read_tasks
 from .safety import Confined, Refused
 from .sources import SourceIndex
@@ -108,7 +108,8 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
     """(task, its images, its source image, its masks, where its edit masks came from) in order, reading (and with
     `with_masks` reading or computing the masks of) the next _READ_AHEAD tasks in threads meanwhile: with a cold
     cache one read at a time leaves the disk idle between files (reads, and numpy and scipy's work on the masks,
-    release the GIL). With `skip`, a task whose input is refused comes as (task, the Refused, None, None, None)."""
+    release the GIL), and the stored masks rejected on read (run_masks.Rejections). With `skip`, a task whose input
+    is refused comes as (task, the Refused, None, None, None, None)."""
     confined, folders = confined
 
     def read(task):
@@ -119,12 +120,13 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
                                              task.source_path)
             images = load_images(task, confined)
             origins: Counter = Counter()
-            masks = row_masks(task, images, source, confined, folders, origins) if with_masks else None
+            rejections = Rejections()
+            masks = row_masks(task, images, source, confined, folders, origins, rejections) if with_masks else None
         except Refused as exc:
             if not skip:
                 raise
-            return exc, None, None, None
-        return images, source, masks, origins
+            return exc, None, None, None, None
+        return images, source, masks, origins, rejections
 
     window: deque = deque()
     upcoming = iter(tasks)
@@ -144,15 +146,15 @@ def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildS
     with_images = bool(IMAGE_CONFIGS & set(spec.configs))
     loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip",
                             bool(MASK_CONFIGS & set(spec.configs))) if with_images
-              else ((task, {}, None, None, None) for task in tasks))
-    for done, (task, images, source, masks, origins) in enumerate(loaded, 1):
+              else ((task, {}, None, None, None, None) for task in tasks))
+    for done, (task, images, source, masks, origins, rejections) in enumerate(loaded, 1):
         if isinstance(images, Refused):  # policy skip: the task gives no row in any config
             stats.add_refusal(images)
             continue
         split = split_of(task.source_id, spec.test_fraction)
         stats.add_task(task, images, None if sources is None or not with_images else source is not None)
         if origins:
-            stats.mask_origins.update(origins)
+            stats.add_mask_origins(origins, rejections)
         if task.uid in spec.review_uids:
             stats.reviewed_tasks.add(task.uid)
         if spec.labelled:

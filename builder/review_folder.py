@@ -6,8 +6,12 @@ never imports the review stage.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 import sqlite3
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -23,6 +27,10 @@ MODES = ("rubric", "realism")  # settings.mode
 # edits `medbanana calibrate` could not decide; "stratified in turns" (the default, and "" in older folders) draws
 # across modality, direction, disease and outcome in turn, a coverage sample with no known probabilities.
 CALIBRATION, ESCALATION, IN_TURNS = "calibration", "escalation", "stratified in turns"
+# an item's image, as the store names it: content-derived (the first 20 hex digits of its PNG's sha256)
+IMAGE_NAME = re.compile(rf"{IMAGES}/(?P<digest>[0-9a-f]{{20}})\.png")
+MAX_IMAGE_BYTES = 256 * 2**20  # a review image is a PNG of a source or an edit: a few MB at most
+MAX_REASON = 2000  # characters of a rater's optional reason
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -152,6 +160,41 @@ class ReviewFolder:
             raise KeyError(f"no item {item_id!r} in this review")
         return item_from_record(json.loads(row[0]))
 
+    def check_image_names(self) -> None:
+        """ValueError naming the first item whose images are not named as the store names them (IMAGE_NAME): a
+        review.sqlite altered to name another file (`../x`, an absolute path) is refused as a whole."""
+        for item in self.items():
+            for name in item.images:
+                if not isinstance(name, str) or not IMAGE_NAME.fullmatch(name):
+                    raise ValueError(f"{self.path}: item {item.item_id} names the image {str(name)[:200]!r}, not one "
+                                     f"of the review's {IMAGES}/<digest>.png: this review folder was altered")
+
+    def read_image(self, name: str) -> bytes:
+        """The bytes of one of the review's images, checked on open: `name` a content-derived name (IMAGE_NAME), the
+        file a regular file (never a link) directly in the review's own `images/` folder (never a link either), at
+        most MAX_IMAGE_BYTES, whose content still hashes to its name. ValueError naming it otherwise."""
+        match = IMAGE_NAME.fullmatch(name) if isinstance(name, str) else None
+        if match is None:
+            raise ValueError(f"{str(name)[:200]!r} is not one of the review's {IMAGES}/<digest>.png names")
+        folder = self.folder / IMAGES
+        if folder.is_symlink() or not folder.is_dir():
+            raise ValueError(f"{folder} is not the review's own folder of images (a link, or missing)")
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        path = self.folder / name
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            raise ValueError(f"{path} cannot be opened ({exc.strerror}; a link is never followed)") from None
+        info = os.fstat(fd)  # the descriptor's own checks (no race with a swap), before open() wraps it
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_IMAGE_BYTES:
+            os.close(fd)
+            raise ValueError(f"{path} is not a regular file of at most {MAX_IMAGE_BYTES:,} bytes")
+        with open(fd, "rb") as fh:
+            data = fh.read(MAX_IMAGE_BYTES + 1)
+        if hashlib.sha256(data).hexdigest()[:20] != match["digest"]:
+            raise ValueError(f"{path}: its content is not the image the review stored under that name")
+        return data
+
     def answers(self) -> list[StoredAnswer]:
         names = [*VERDICT_BOOLEANS, "reason", "guess", "confidence", "seconds"]
         with self._connect() as db:
@@ -165,6 +208,11 @@ class ReviewFolder:
             record["reason"] = record["reason"] or ""
             out.append(StoredAnswer(seq, item_id, rater, at, Answer(**record)))
         return out
+
+
+def image_name(png: bytes) -> str:
+    """The name the store gives an image: content-derived, relative to the review folder (IMAGE_NAME)."""
+    return f"{IMAGES}/{hashlib.sha256(png).hexdigest()[:20]}.png"
 
 
 def item_record(item: ReviewItem) -> dict:

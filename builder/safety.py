@@ -41,6 +41,15 @@ class Refused(ValueError):
         return Refused, (str(self), self.kind)
 
 
+class NotRegular(ValueError):
+    """What stands at a data-named path is no file to read (a folder, a device, a FIFO: `too_large` False) or is a
+    file too large to read (`too_large` True). The message names the path."""
+
+    def __init__(self, message: str, too_large: bool = False):
+        super().__init__(message)
+        self.too_large = too_large
+
+
 def handle(exc: Refused, refused) -> None:
     """Raise `exc` (policy `error`: `refused` is None) or hand it to `refused` to be recorded (policy `skip`)."""
     if refused is None:
@@ -116,7 +125,17 @@ class Confined:
         return real
 
     def read(self, root: Path, relative: str, named_by, scope: str | None = None) -> bytes | None:
-        """The bytes of a regular file inside `root`, or None when there is none at that path."""
+        """The bytes of a regular file inside `root`, or None when there is none at that path (a folder, a device
+        or a FIFO named like a file is as good as missing)."""
+        try:
+            return self.read_at_most(root, relative, named_by, scope)
+        except NotRegular:
+            return None
+
+    def read_at_most(self, root: Path, relative: str, named_by, scope: str | None = None,
+                     most: int | None = None) -> bytes | None:
+        """`read`, telling what stands at the path: None when nothing does; NotRegular (naming the path) for a
+        folder, a device or a FIFO, or (with `most`) a file of more than `most` bytes, which is not read."""
         path = self.path(root, relative, named_by, scope)
         try:
             fd = _open(path)
@@ -127,13 +146,23 @@ class Confined:
                 raise
             fd = None
         if fd is None:  # a symlink: followed only when its target is inside the root too
+            path = inside(root, relative, _text(named_by), scope)
             try:
-                fd = os.open(inside(root, relative, _text(named_by), scope), _OPEN_FLAGS)
+                fd = os.open(path, _OPEN_FLAGS)
             except (FileNotFoundError, NotADirectoryError):
                 return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):  # checked on the descriptor: open() of a folder's would raise
+                kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+                raise NotRegular(f"{path} (named by {_text(named_by)}) is {kind}")
+            if most is not None and info.st_size > most:
+                raise NotRegular(f"{path} (named by {_text(named_by)}) is {info.st_size:,} bytes, more than the "
+                                 f"{most:,} it may have; not read", too_large=True)
+        except BaseException:
+            os.close(fd)
+            raise
         with open(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return None  # a folder or a device named like an image: as good as missing
             return fh.read()
 
     def read_image(self, root: Path, relative: str, named_by, scope: str | None = None) -> dict | None:

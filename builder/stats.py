@@ -56,6 +56,9 @@ class BuildStats:
     sources_missing: int = 0
     source_missing_examples: list = field(default_factory=list)  # what was looked for, in words
     mask_origins: Counter = field(default_factory=Counter)  # run_masks.STORED/COMPUTED/MISSING -> attempt images
+    # and REJECTED / REGION_REJECTED: stored masks refused on read (then computed or missing), by kind and listed
+    mask_rejections: Counter = field(default_factory=Counter)
+    mask_rejection_examples: list = field(default_factory=list)
     # inputs refused and left out under `--unsafe skip` (under `error` the first one stops the build)
     refused: Counter = field(default_factory=Counter)  # kind (safety.OUTSIDE, ...) -> refusals
     refusals: list = field(default_factory=list)  # every refusal's message: the file, who named it, why
@@ -66,6 +69,14 @@ class BuildStats:
         self.refused[exc.kind] += 1
         self.refusals.append(str(exc))
         self.refused_tasks += task_left_out
+
+    def add_mask_origins(self, origins: Counter, rejections) -> None:
+        """A task's mask counts (run_masks.row_masks) and its rejected stored masks (a run_masks.Rejections)."""
+        self.mask_origins.update(origins)
+        if rejections is not None and rejections.items:
+            self.mask_rejections.update(rejections.kinds)
+            self.mask_rejection_examples.extend(rejections.items[: max(0, MISSING_EXAMPLES -
+                                                                         len(self.mask_rejection_examples))])
 
     def add_task(self, task: TaskRecord, images: dict, source_found: bool | None) -> None:
         modality = task.modality or "unknown"
@@ -203,6 +214,9 @@ class BuildStats:
             "sources_attached": self.sources_attached, "sources_missing": self.sources_missing,
             "source_missing_examples": self.source_missing_examples,
             "edit_masks": dict(sorted(self.mask_origins.items())),
+            "rejected_masks": {"count": sum(self.mask_rejections.values()),
+                               "by_reason": dict(sorted(self.mask_rejections.items())),
+                               "examples": self.mask_rejection_examples},
             "refused": {"count": len(self.refusals), "tasks_left_out": self.refused_tasks,
                         "by_reason": dict(sorted(self.refused.items())), "items": sorted(self.refusals)},
             "coerced": self.coerced(),

@@ -322,6 +322,10 @@ def _attention_runs(args) -> list[Path]:
     from .inputs import input_kind
 
     if args.attention_run:
+        for run in args.attention_run:
+            if not Path(run).is_dir():
+                raise ValueError(f"--attention-run {run} is not a folder: name the run directory whose edits "
+                                 "recorded attention (generate --diffusers-attention)")
         return args.attention_run
     if input_kind(args.input) != "run":
         raise ValueError(f"--attention: {args.input} is not a run directory; name the run its edits came from "
@@ -330,7 +334,7 @@ def _attention_runs(args) -> list[Path]:
 
 
 def _report_attention(args, make_samples) -> None:
-    from .attention import attention_report
+    from .attention import attention_report, attention_warnings
 
     samples = make_samples()
     if args.limit is not None:
@@ -339,6 +343,8 @@ def _report_attention(args, make_samples) -> None:
     if not report["samples"]:
         print(f"--attention: no edit of {args.input} recorded attention (generate --diffusers-attention)",
               file=sys.stderr)
+    for line in attention_warnings(report):
+        print(f"warning: --attention: {line}", file=sys.stderr)
     (Path(args.out) / "attention.json").write_text(json.dumps(report, indent=2))
     for disease, row in report["by_disease"].items():
         rois = ", ".join(f"{kind} {n:,}" for kind, n in row["roi"].items())

@@ -10,8 +10,9 @@ Output folder:
     by_modality.{md,csv}, by_disease.{md,csv}, by_direction.{md,csv}
 
 A sample's ROI follows the ROI policy (`roi_mask`): by default its mask when given (any encoding:
-metrics.read_mask; the record says how it was read in `mask_read`); for a dataset or run, the task's edit mask
-(the row's `edit_mask`, or computed by generation.masks from the source and the reference edit); else the task's
+metrics.read_mask; the record says how it was read in `mask_read`; at most MAX_MASK_PIXELS); for a dataset or run,
+the task's edit mask (the row's `edit_mask`, an error for its sample unless a binary mask of the edit's size:
+generation/mask_check.py; or computed by generation.masks from the source and the reference edit); else the task's
 target region located on the source (generation.masks.region_array); or none, and CP is the full-image SSIM. Each
 record says which (`roi`), the report counts them. A sample whose CP is undefined records why
 (`cp_excluded`); the report and summary.json say how many the CP mean leaves out. In `medebench` CP mode every
@@ -34,6 +35,7 @@ from PIL import Image
 
 from ..builder.tables import Table, mean
 from ..generation.files import read_jsonl
+from ..generation.mask_check import MAX_MASK_PIXELS, header_size, read_checked_mask
 from ..generation.masks import edit_mask_array, region_array
 from .failures import eval_reasons
 from .inputs import Sample, image_bytes, read_image
@@ -176,6 +178,8 @@ def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> Roi:
     empty = np.zeros(source.shape[:2], np.uint8)
     if roi == "auto" and sample.mask is not None:
         with Image.open(io.BytesIO(image_bytes(sample.mask))) as im:
+            if im.size[0] * im.size[1] > MAX_MASK_PIXELS:  # on its header: a bomb is never decoded
+                raise ValueError(f"mask of {im.size[0]}x{im.size[1]} pixels, more than {MAX_MASK_PIXELS:,}")
             levels, how = read_mask(im, source.shape)
         return Roi(levels, "given", how, "given")
     if roi == "none":
@@ -193,10 +197,12 @@ def _edit_roi(sample: Sample, source: np.ndarray) -> tuple[np.ndarray, str]:
     """The task's edit mask: the dataset row's, else computed (generation.masks) from the source and the reference
     edit: the ground truth when there is one (a model's output is scored inside the dataset's or run's edit), else
     the edit scored itself."""
-    if sample.edit_mask is not None:
-        with Image.open(io.BytesIO(image_bytes(sample.edit_mask))) as im:
-            return read_mask(im, source.shape)[0], "edit_mask"
-    reference = read_image(sample.ground_truth if sample.ground_truth is not None else sample.edited)
+    reference = sample.ground_truth if sample.ground_truth is not None else sample.edited
+    if sample.edit_mask is not None:  # a mask of the dataset's edit, checked before it is decoded (mask_check)
+        size = header_size(image_bytes(reference)) if reference is not None else None
+        mask = read_checked_mask(image_bytes(sample.edit_mask), size, "the dataset's edit_mask")
+        return read_mask(mask, source.shape)[0], "edit_mask"
+    reference = read_image(reference)
     mask = edit_mask_array(source, to_size(reference, source.shape)[0])
     return mask.astype(np.uint8) * 255, "edit_mask:computed"
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..builder import CONFIG_NAMES
+from ..builder.dataset_folder import shard_files
 from ..builder.output import BUILD_INFO
 from ..builder.rows import canonical_prompt
 from ..builder.runs import discover_units, read_tasks
@@ -51,6 +52,7 @@ from ..generation.taxonomy import DIRECTIONS, load_taxonomy
 MANIFEST_NAMES = ("samples.jsonl", "samples.csv")
 REQUIRED = ("id", "source", "edited", "instruction", "disease", "direction")
 SCORABLE_CONFIGS = ("sft", "failed", "judge")  # configs whose rows hold a source and an edited image
+_SHARD_COLUMNS = ("uid", "dataset", "modality", "disease", "task")  # what a row must have to be a sample
 
 ImageRef = bytes | Path  # bytes as stored in a dataset row, or a file
 
@@ -193,13 +195,20 @@ def dataset_samples(folder: Path, config: str, split: str | None, source_images:
     if config not in SCORABLE_CONFIGS:
         raise ValueError(f"config {config!r} has no source/edited image pair to score; use one of "
                          f"{', '.join(SCORABLE_CONFIGS)}")
-    files = sorted(folder.glob(f"{config}/{split or '*'}-*.parquet"))
+    files = _shards(folder, config, split)
     if not files:
         present = sorted(p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.parquet")))
         raise ValueError(f"{folder}: no parquet files for config {config!r}"
                          f"{f' split {split!r}' if split else ''}; configs present: {', '.join(present) or 'none'}")
     sources = SourceIndex(source_images) if source_images else None
     return _dataset_rows(files, config, sources, pq)
+
+
+def _shards(folder: Path, config: str, split: str | None) -> list[Path]:
+    """The config's shards (of `split`, or every split) in a built folder: its own regular files alone, each
+    footer checked (builder/dataset_folder.py; Unreadable, a ValueError naming the file, otherwise)."""
+    found = shard_files(folder, config, _SHARD_COLUMNS)
+    return [Path(f) for name, files in sorted(found.items()) if split in (None, name) for f in files]
 
 
 def _dataset_rows(files: list[Path], config: str, sources: SourceIndex | None, pq) -> Iterator[Sample]:
@@ -329,7 +338,7 @@ def count_samples(path: Path, *, config: str | None = None, split: str | None = 
         if kind == "dataset":
             import pyarrow.parquet as pq
 
-            files = sorted(path.glob(f"{config or 'sft'}/{split or '*'}-*.parquet"))
+            files = _shards(path, config or "sft", split)
             return sum(pq.ParquetFile(file).metadata.num_rows for file in files) if files else None
         return sum(1 for unit in discover_units(path) for task in read_tasks(unit)
                    for attempt in _chosen_attempts(task, attempts) if attempt.image)

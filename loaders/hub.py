@@ -8,8 +8,8 @@ import datasets
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
 from ..builder.features import CONFIG_FEATURES, PUBLISHED_CONFIGS, REVIEW_CONFIG, image_columns
-from ..builder.parquet import SHARD_NAME
 from ..generation.rundir import layout
+from ..builder.dataset_folder import CARD, read_card, shard_files
 
 
 def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str | None = "train",
@@ -17,28 +17,25 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
     """`datasets.load_dataset` for one medbanana config, with its schema checked.
 
     `path_or_repo` is a folder written by `medbanana build` or a Hub dataset repo id. `split=None` gives every
-    split (a DatasetDict). `decode_images=False` gives images as `{"bytes", "path"}` dicts: nothing is decoded,
-    and `ds.map` passes the bytes on as they are. Other keyword arguments go to `load_dataset` (e.g. `revision`).
+    split (a DatasetDict). A folder's rows are its own regular shard files alone (builder/dataset_folder.py: the
+    card's YAML never names a file, a link is refused; a refusal is a ValueError naming the file).
+    `decode_images=False` gives images as `{"bytes", "path"}` dicts: nothing is decoded, and `ds.map` passes the
+    bytes on as they are. Other keyword arguments go to `load_dataset` (e.g. `revision`).
     """
     if config not in CONFIG_FEATURES:
         raise ValueError(f"unknown config {config!r}; a medbanana dataset has {', '.join(PUBLISHED_CONFIGS)}")
     local = Path(path_or_repo).expanduser()
     if local.is_dir():
-        _check_built_folder(local)
-        if config == REVIEW_CONFIG and not any((local / config).glob("*.parquet")):
-            raise ValueError(f"{local} has no {config} config: build it with `medbanana build ... --reviews "
-                             "REVIEW_DIR` (answers of `medbanana review`)")
-        path_or_repo = str(local)
-        if "data_files" not in load_kwargs and (files := shard_files(local, config)):
-            load_kwargs["data_files"] = files
+        ds = _load_folder(local, config, split, streaming, load_kwargs)
     elif written_as_path(str(path_or_repo)) or local.exists():
         raise FileNotFoundError(f"no dataset folder at {path_or_repo} ({local.resolve()}): give the folder written "
                                 "by `medbanana build`, or a Hub dataset repo id")
-    try:
-        ds = datasets.load_dataset(str(path_or_repo), config, split=split, streaming=streaming, **load_kwargs)
-    except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as exc:
-        raise FileNotFoundError(f"{path_or_repo!r} is not a folder in {Path.cwd()}, and it could not be loaded as a "
-                                f"Hub dataset repo id either ({exc})") from exc
+    else:
+        try:
+            ds = datasets.load_dataset(str(path_or_repo), config, split=split, streaming=streaming, **load_kwargs)
+        except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as exc:
+            raise FileNotFoundError(f"{path_or_repo!r} is not a folder in {Path.cwd()}, and it could not be loaded "
+                                    f"as a Hub dataset repo id either ({exc})") from exc
     _check_columns(ds, config, path_or_repo)
     if not decode_images:
         for column in image_columns(config):
@@ -79,25 +76,34 @@ def written_as_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
-def shard_files(folder: Path, config: str) -> dict[str, list[str]]:
-    """split -> the config's shard files in a built folder (`<split>-0000i-of-0000n.parquet`), named to
-    `load_dataset` so that its cache follows the files (their paths and modification times). By the folder's path
-    alone datasets 5.x keys the cache on the card's YAML (schema, row counts and sizes): a folder rebuilt in place
-    with the same counts and sizes would give the earlier build's rows."""
-    files: dict[str, list[str]] = {}
-    for path in sorted((folder / config).glob("*.parquet")):
-        if match := SHARD_NAME.fullmatch(path.name):
-            # absolute: datasets would join a relative path to the folder once more
-            files.setdefault(match["split"], []).append(str(path.absolute()))
-    return files
+def _load_folder(folder: Path, config: str, split, streaming: bool, load_kwargs: dict):
+    """A local folder's config from its own shards alone (builder/dataset_folder.py): the card is checked, never
+    followed."""
+    if "data_files" in load_kwargs:
+        raise ValueError("load_medbanana reads a dataset folder's own shards: pass split=, not data_files=")
+    _check_built_folder(folder)
+    read_card(folder)
+    files = shard_files(folder, config, CONFIG_FEATURES[config])
+    if not files:
+        if config == REVIEW_CONFIG:
+            raise ValueError(f"{folder} has no {config} config: build it with `medbanana build ... --reviews "
+                             "REVIEW_DIR` (answers of `medbanana review`)")
+        raise ValueError(f"{folder} has no {config} shards ({config}/<split>-00000-of-0000n.parquet): not a folder "
+                         "written by `medbanana build`, or one built without that config")
+    if split is not None and split not in files:
+        raise ValueError(f"{folder} has no {split!r} split of {config} (it has {', '.join(sorted(files))})")
+    try:  # the parquet builder: no card, no `.huggingface.yaml`, no `dataset_infos.json` takes part
+        return datasets.load_dataset("parquet", data_files=files, split=split, streaming=streaming, **load_kwargs)
+    except datasets.exceptions.DatasetsError as exc:  # e.g. shards whose schemas disagree
+        raise ValueError(f"{folder / config}: its shards cannot be loaded together ({exc})") from None
 
 
 def _check_built_folder(folder: Path) -> None:
     if (folder / layout.RUN_CONFIG).is_file() or layout.find_output_dirs(folder):
         raise ValueError(f"{folder} is a run directory, not a built dataset; build it first: "
                          f"medbanana build {folder} --out DATASET_DIR, then load DATASET_DIR")
-    if not (folder / "README.md").is_file():
-        raise ValueError(f"{folder} has no README.md: not a folder written by `medbanana build`")
+    if not (folder / CARD).is_file():
+        raise ValueError(f"{folder} has no {CARD}: not a folder written by `medbanana build`")
 
 
 def _check_columns(ds, config: str, where) -> None:

@@ -9,7 +9,9 @@ rebuilds each path from the metadata file's folder and the sample's `id`; `evalu
 repository root with the sample's `*_image` fields; both read a model's output as `<model_dir>/<id>_0.png`.
 
 Mapping: previous = `source_image`, changed = `edited_image` (the accepted edit), previous_mask = the row's
-`edit_mask`, else its `region_mask` (resized to the source's size, nearest), each sample saying which in `roi`.
+`edit_mask` (resized to the source's size, nearest, where the edit's size differs), else its `region_mask`, each
+sample saying which in `roi`. A mask that is not a binary mask of its own image's size (generation/mask_check.py:
+the edit's for an edit_mask, the source's for a region_mask) skips the row: a 1x1 mask is never stretched.
 `id` is a number in export order (MedEBench's ids are integers; no data text becomes a path), the row's `uid` is
 kept beside it. A row without a source, an edit or a mask is skipped and counted under its reason, never dropped
 silently. Images are re-encoded losslessly as PNG (MedEBench's extension): 8-bit grey and RGB as they decode,
@@ -31,6 +33,7 @@ from ..builder.output import (BuildError, check_placement, finish_interrupted_sw
                               remove_stale_staging)
 from ..builder.rows import canonical_instruction  # the one-sentence task, as dpo_pairs' `prompt`
 from ..generation.files import atomic_write_text
+from ..generation.mask_check import check_mask
 from ..generation.records import decode_rgb, open_image
 from ..generation.rundir.layout import inside
 
@@ -197,16 +200,17 @@ def _bytes(value) -> bytes | None:
 
 def _decoded(source: bytes, edited: bytes, mask: bytes, column: str) -> tuple:
     """(previous, changed, previous_mask) as PIL images, all three decoded before any file is written, so that a
-    row skipped for an unreadable image leaves none behind; ValueError naming the unreadable one."""
+    row skipped for an unreadable image leaves none behind; ValueError naming the unreadable one. The mask must be
+    a mask (generation/mask_check.py: binary 0/255, bounded, no text) of its image's size: an edit_mask the edit's,
+    then resized to the source's (nearest) when the edit's differs; a region_mask the source's."""
     from PIL import Image
 
     previous, changed = _pixels(source, "source image"), _pixels(edited, "edited image")
-    try:
-        with open_image(mask) as im:
-            roi = im.convert("L")
-    except (ValueError, OSError, SyntaxError):
-        raise ValueError(f"unreadable {column}") from None
-    if roi.size != previous.size:  # a mask is the edit's size; MedEBench's previous_mask is the input's
+    problem, levels = check_mask(mask, changed.size if column == "edit_mask" else previous.size)
+    if problem is not None:  # by kind: the reasons rows are counted under
+        raise ValueError(f"unusable {column}: {problem.kind}")
+    roi = Image.fromarray(levels, mode="L")
+    if roi.size != previous.size:  # an edit mask is the edit's size; MedEBench's previous_mask is the input's
         roi = roi.resize(previous.size, Image.NEAREST)
     return previous, changed, roi
 

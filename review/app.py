@@ -11,6 +11,12 @@ Text that comes from data (the instruction, a rater's name, a message quoting ei
 instruction in a read-only textbox, the rest escaped for Markdown (`plain`), so no data makes the page load an image,
 follow a link or grow a form. Gradio's file cache lives in a 0700 folder inside the review folder, removed when the
 server stops, and its upload routes answer 401: served images never leave the review folder.
+
+What is served is only the review's own images: a review.sqlite whose items name anything but the store's
+content-derived `images/<digest>.png` names is refused before the server starts (`check_image_names`), and each image
+is read on open as a regular file of the review's own images/ folder (never through a link) whose content still
+hashes to its name; gradio is handed a copy of those bytes in its cache folder (`served_image`), never a path the
+data names, and no folder is opened to it (`allowed_paths`). An item whose image fails is not shown: the page says so.
 """
 
 import hashlib
@@ -22,7 +28,7 @@ import time
 from importlib import resources
 
 from ..generation.extras import require
-from .store import IMAGES, MAX_RATER_NAME, Answer, NotGiven, ReviewItem, ReviewStore, check_rater_name
+from .store import MAX_RATER_NAME, MAX_REASON, Answer, NotGiven, ReviewItem, ReviewStore, check_rater_name
 
 YES_NO = ("Yes", "No")
 RUBRIC_QUESTIONS = (  # Answer field -> the question, in the judge rubric's order; `qualified` last
@@ -37,7 +43,9 @@ CONFIDENCE_CHOICES = tuple((str(n), n) for n in range(1, 6))
 IMAGE_HEIGHT = 360  # the instruction, two images and the questions fit a 1280x800 window
 ALREADY_ANSWERED = "You had already answered that item (a double click or another tab): your first answer is kept."
 NOT_SHOWN = "That item is not the one this page was showing you: nothing stored."
-REASON_LABEL = "Reason (optional; no names, initials or patient identifiers: reasons may be published)"
+REASON_LABEL = (f"Reason (optional, at most {MAX_REASON:,} characters; no names, initials or patient identifiers: "
+                "reasons may be published)")
+NOT_SHOWABLE = "This item cannot be shown: {}. Tell whoever runs this review; nothing was stored."
 REFUSED_ROUTES = ("/upload", "/process_recording")  # gradio routes that write files a client sends: off
 CSS = """
 .gradio-container { max-width: 1400px !important; padding-top: 4px !important; }
@@ -110,9 +118,11 @@ def answer_from_page(mode: str, values: list, seconds: float | None) -> Answer:
     return Answer(guess=guess, confidence=None if confidence is None else int(confidence), seconds=seconds)
 
 
-def build_page(store: ReviewStore):
-    """The gr.Blocks page for this review (its mode fixed at creation)."""
+def build_page(store: ReviewStore, cache: str | None = None):
+    """The gr.Blocks page for this review (its mode fixed at creation). The images it shows are copies, in `cache`
+    (default: gradio's own folder), of the review's images checked on open (`served_image`)."""
     gr = load_gradio()
+    cache = cache or tempfile.gettempdir()
     mode = store.settings.mode
     key = review_key(store)
     login = on_space()
@@ -160,10 +170,15 @@ def build_page(store: ReviewStore):
                 return {**out, shown: None, item_box: "", header: f"### Blind review · {plain(rater)}",
                         item_view: gr.update(visible=False),
                         finished: gr.update(visible=True, value=_thanks(rater, done))}
+            try:
+                pictures = _image_values(store, item, images, cache)
+            except ValueError as exc:  # an image that is not the review's own: refused, never served
+                return {**out, shown: None, item_box: "", message: bold(NOT_SHOWABLE.format(exc)),
+                        item_view: gr.update(visible=False), finished: gr.update(visible=False)}
             return {**out, shown: {"item": item.item_id, "at": time.monotonic()}, item_box: item.item_id,
                     header: f"### Blind review · {plain(rater)} · item {done + 1} of {total} ({item.item_id})",
                     item_view: gr.update(visible=True), finished: gr.update(visible=False),
-                    instruction: gr.update(**_instruction(item)), **_image_values(store, item, images),
+                    instruction: gr.update(**_instruction(item)), **pictures,
                     **{question: None for question in questions[:-1]},
                     questions[-1]: "" if mode == "rubric" else None}
 
@@ -239,7 +254,8 @@ def _question_column(gr, mode: str) -> tuple[list, object, object]:
     with gr.Column(scale=2, elem_id="questions"):
         if mode == "rubric":
             questions = [gr.Radio(list(YES_NO), label=text, elem_id=f"q-{name}") for name, text in RUBRIC_QUESTIONS]
-            questions.append(gr.Textbox(label=REASON_LABEL, lines=1, max_lines=3, elem_id="reason"))
+            questions.append(gr.Textbox(label=REASON_LABEL, lines=1, max_lines=3, max_length=MAX_REASON,
+                                        elem_id="reason"))
         else:
             questions = [gr.Radio(list(GUESS_CHOICES), label="Is this image real or edited?", elem_id="q-guess"),
                          gr.Radio(list(CONFIDENCE_CHOICES), label="How sure are you? (1 = a guess, 5 = certain)",
@@ -256,11 +272,26 @@ def _image(gr, label: str, elem_id: str):
                     elem_id=elem_id)
 
 
-def _image_values(store: ReviewStore, item: ReviewItem, images: list) -> dict:
-    paths = [str(store.folder / name) for name in item.images]
+def _image_values(store: ReviewStore, item: ReviewItem, images: list, cache: str) -> dict:
+    paths = [served_image(store, name, cache) for name in item.images]
     if len(images) == 3:  # rubric: source, edit, and the slider over both
         return {images[0]: paths[0], images[1]: paths[1], images[2]: (paths[0], paths[1])}
     return {images[0]: paths[0]}
+
+
+def served_image(store: ReviewStore, name: str, cache: str) -> str:
+    """A copy in `cache` of one of the review's images, read and checked on open (ReviewFolder.read_image: the
+    store's content-derived name, a regular file of the review's own images/ folder, never a link): what gradio is
+    handed, so that it never opens a path the review's data names. ValueError naming what is wrong."""
+    data = store.read_image(name)
+    copy = os.path.join(cache, "served", os.path.basename(name))
+    os.makedirs(os.path.dirname(copy), mode=0o700, exist_ok=True)
+    if not os.path.isfile(copy):
+        tmp = f"{copy}.{os.getpid()}.{time.monotonic_ns()}"
+        with open(tmp, "xb") as out:
+            out.write(data)
+        os.replace(tmp, copy)
+    return copy
 
 
 def _instruction(item: ReviewItem) -> dict:
@@ -289,19 +320,19 @@ def serve(store: ReviewStore, host: str = "127.0.0.1", port: int = 7860) -> int:
     cache = tempfile.mkdtemp(prefix=".gradio-cache-", dir=store.folder)
     os.environ["GRADIO_TEMP_DIR"] = cache
     try:
-        return _serve_page(store, host, port)
+        return _serve_page(store, host, port, cache)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def _serve_page(store: ReviewStore, host: str, port: int) -> int:
-    page = build_page(store)
+def _serve_page(store: ReviewStore, host: str, port: int, cache: str) -> int:
+    store.check_image_names()  # a review.sqlite naming other files: refused before anything is served
+    page = build_page(store, cache)
     page.queue(default_concurrency_limit=8)  # the store serialises what must be; raters need not wait for each other
-    images = str((store.folder / IMAGES).resolve())
     settings = store.settings
     try:
         page.launch(server_name=host, server_port=port, share=False, inbrowser=False, quiet=True, ssr_mode=False,
-                    prevent_thread_lock=True, allowed_paths=[images], footer_links=[], run_history=False,
+                    prevent_thread_lock=True, footer_links=[], run_history=False,
                     mcp_server=False, enable_monitoring=False, css=CSS, js=ZOOM_JS, auth_dependency=refuse_uploads)
     except OSError as exc:  # the port is taken, or the host is not this machine's
         reason = "the port is in use" if "empty port" in str(exc) else str(exc)

@@ -7,7 +7,6 @@ mark (the run's XMP provenance, a C2PA manifest) tells a rater which image is an
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
 import os
@@ -22,9 +21,9 @@ from ..builder.rows import canonical_prompt
 from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples, recorded_sources
 from ..generation.records import decode_rgb
 from ..generation.rundir import layout
-from .blinding import blind_instruction, leakage_warning, round_leakage, round_of
 from ..builder.review_folder import CALIBRATION, ESCALATION, IN_TURNS
-from .store import IMAGES, MODES, ReviewItem, ReviewSettings, ReviewStore, refuse_existing
+from .blinding import blind_instruction, leakage_warning, round_leakage, round_of
+from .store import IMAGES, MODES, ReviewItem, ReviewSettings, ReviewStore, image_name, refuse_existing
 
 def outcome(sample: Sample) -> str:
     """accepted | rejected | unjudged: the judge's outcome, one of the sampling strata."""
@@ -235,7 +234,7 @@ def _write_png(folder: Path, data: bytes) -> str:
     buffer = io.BytesIO()
     Image.fromarray(decode_rgb(data)).save(buffer, format="PNG")
     png = buffer.getvalue()
-    name = f"{IMAGES}/{hashlib.sha256(png).hexdigest()[:20]}.png"
+    name = image_name(png)
     target = folder / name
     if target.is_file() and not target.is_symlink():
         return name

@@ -23,7 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..builder.review_folder import (  # noqa: F401 (the contract's names, for the review stage's modules too)
-    DB_NAME, IMAGES, MODES, SCHEMA, Answer, ReviewFolder, ReviewItem, ReviewSettings, StoredAnswer, item_record)
+    DB_NAME, IMAGES, MAX_REASON, MODES, SCHEMA, Answer, ReviewFolder, ReviewItem, ReviewSettings, StoredAnswer,
+    image_name, item_record)
 from ..generation.records import VERDICT_BOOLEANS
 
 GUESSES = ("real", "edited")
@@ -76,7 +77,11 @@ def refuse_existing(folder: Path) -> None:
 
 
 def check_answer(mode: str, answer: Answer) -> None:
-    """ValueError naming what is missing or wrong in an answer for this mode."""
+    """ValueError naming what is missing or wrong in an answer for this mode (a reason is at most MAX_REASON
+    characters)."""
+    if len(answer.reason or "") > MAX_REASON:
+        raise ValueError(f"a reason is at most {MAX_REASON:,} characters (this one has {len(answer.reason):,}): "
+                         "shorten it; nothing stored")
     if mode == "rubric":
         missing = [name for name in VERDICT_BOOLEANS if getattr(answer, name) is None]
         if missing:

@@ -121,7 +121,7 @@ def test_unusable_stored_masks_are_computed_from_sources_or_null_without(run, ba
     code, err, out = build(tmp_path, capsys, run, "--configs", "failed", "--source-images", base / "sources")
     assert code == 0, err
     info = json.loads((out / "medbanana-build.json").read_text())
-    assert info["stats"]["edit_masks"] == {"stored": len(planted) - 3, "computed": 3}
+    assert info["stats"]["edit_masks"] == {"stored": len(planted) - 3, "computed": 3, "rejected": 3}
 
     import pyarrow.parquet as pq
 
@@ -134,7 +134,7 @@ def test_unusable_stored_masks_are_computed_from_sources_or_null_without(run, ba
     code, err, plain = build(tmp_path, capsys, run, "--configs", "failed", out="plain")
     assert code == 0, err
     info = json.loads((plain / "medbanana-build.json").read_text())
-    assert info["stats"]["edit_masks"] == {"stored": len(planted) - 3, "missing": 3}
+    assert info["stats"]["edit_masks"] == {"stored": len(planted) - 3, "missing": 3, "rejected": 3}
     nulls = {r["edited_image"]["path"] for r in pq.read_table(next((plain / "failed").glob("*.parquet"))).to_pylist()
              if r["edit_mask"] is None}
     assert nulls == {wrong_size, rgb, not_png}

@@ -25,6 +25,7 @@ from medbanana.loaders.medebench import NO_MASK, NO_SOURCE
 
 THEIR_FIELDS = ["id", "Organ", "Task", "prompt", "rephrased_prompt", "detailed_prompt", "previous_image",
                 "changed_image", "previous_mask", "url"]  # editing/editing_metadata.json, every sample
+UNUSABLE = "unusable edit_mask: truncated or corrupt"  # the reason of row 5's (generation/mask_check.py)
 HOSTILE = '../../../etc/passwd "quoted"\n<script>alert(1)</script> \u00e9\u4e2d'
 
 
@@ -180,7 +181,7 @@ def test_rows_without_a_usable_mask_or_source_are_skipped_with_the_reason(corrup
     out, err = capsys.readouterr()
     exported = rows - 3  # row 3: neither mask; row 4: masks but no source; row 5: an edit_mask that is no image
     assert f"exported {exported} of {rows} sft rows" in out and f"edit_mask {rows - 5}, region_mask 2" in out
-    for reason in (NO_MASK, NO_SOURCE, "unreadable edit_mask"):
+    for reason in (NO_MASK, NO_SOURCE, UNUSABLE):
         assert f"skipped 1 row(s): {reason}" in err
     report = json.loads((base_dir / "editing" / "medbanana-export.json").read_text())
     import pyarrow.parquet as pq  # the rewritten shard itself, as written
@@ -188,7 +189,7 @@ def test_rows_without_a_usable_mask_or_source_are_skipped_with_the_reason(corrup
     (shard,) = (folder / "sft").glob("*.parquet")
     by_uid = {row["uid"]: row for row in pq.read_table(shard).to_pylist()}
     uids = list(by_uid)
-    assert report["skipped"] == {NO_MASK: [uids[3]], NO_SOURCE: [uids[4]], "unreadable edit_mask": [uids[5]]}
+    assert report["skipped"] == {NO_MASK: [uids[3]], NO_SOURCE: [uids[4]], UNUSABLE: [uids[5]]}
     metadata_path = base_dir / "editing" / "editing_metadata.json"
     samples = json.loads(metadata_path.read_text())["samples"]
     for sample in samples:  # a row without its edit_mask falls back to its region_mask

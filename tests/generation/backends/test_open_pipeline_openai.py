@@ -193,8 +193,8 @@ def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake,
     assert {c.authorization for c in fake.calls} == {"Bearer not-needed"}
     edits = [p for p in run_dir.rglob("*.jpeg") if layout.MASKS not in p.relative_to(run_dir).parts]
     assert len(edits) >= 3 and all(decode_rgb(p.read_bytes()).std() > 0 for p in edits)
-    recorded = recorded_attention([run_dir])  # the simulator writer names the disease, so each edit has an IoU
-    assert len(recorded) == len(edits) and {r["disease"] for r in recorded.values()} == {"Pneumothorax"}
+    recorded, problems = recorded_attention([run_dir])  # the simulator writer names the disease: each edit has an IoU
+    assert problems == [] and len(recorded) == len(edits) and {r["disease"] for r in recorded.values()} == {"Pneumothorax"}
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--source-images", str(tiny_sources), "--out", str(tmp_path / "eval"),
                  "--all-attempts", "--judge", "none",
