@@ -131,9 +131,10 @@ class Confined:
                 fd = os.open(inside(root, relative, _text(named_by), scope), _OPEN_FLAGS)
             except (FileNotFoundError, NotADirectoryError):
                 return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # before open(): a folder's fd would fail there, unnamed
+            os.close(fd)
+            return None  # a folder or a device named like an image: as good as missing
         with open(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return None  # a folder or a device named like an image: as good as missing
             return fh.read()
 
     def read_image(self, root: Path, relative: str, named_by, scope: str | None = None) -> dict | None:

@@ -115,6 +115,7 @@ def cmd_generate(args) -> int:
     from PIL import Image
 
     from ..backends.gemini_client import VertexTarget
+    from ..rundir import layout
     from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
     from ..runners.generate import BackendSpec, default_backend, generate, run_config
     from ..runners.local import RunOptions
@@ -140,6 +141,10 @@ def cmd_generate(args) -> int:
         out = args.retry_failed
         recorded = run_config(out)
         if sources is None:
+            if recorded.get("sources_root") is None:
+                print(f"medbanana generate: {Path(out) / layout.RUN_CONFIG} records no sources folder "
+                      f"(sources_root); give --sources", file=sys.stderr)
+                return 2
             sources = Path(recorded["sources_root"])
         take_recorded_options(args, recorded)
     for name, default in RUN_DEFAULTS.items():
