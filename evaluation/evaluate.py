@@ -280,7 +280,7 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
                "judge_errors": sum("judge_error" in r for r in ok), "notes": notes, "cp_excluded": cp_excluded,
                "failure_reasons": eval_reasons(rows), "overall": tables["direction"].as_dicts()[-1],
                "tables": {name: table.as_dicts() for name, table in tables.items()}}
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
+    atomic_write_text(out / SUMMARY, json.dumps(summary, indent=2, ensure_ascii=False))
     lines = ["# Edit evaluation", "", f"{len(rows):,} samples ({len(ok):,} scored, {len(rows) - len(ok):,} with "
              f"errors; see {SAMPLES}). Judge: {judge.get('backend') or 'none'}"
              + (f" ({judge.get('model')}, prompt {judge.get('prompt')})" if judge.get("prompt") else "") + ".", "",
@@ -291,5 +291,5 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
         if summary["failure_reasons"][key]:
             lines += [f"## {title}: top reasons", "", *(f"- {r['samples']:,} × {r['reason']}"
                                                         for r in summary["failure_reasons"][key]), ""]
-    (out / REPORT).write_text("\n".join(lines), encoding="utf-8")
+    atomic_write_text(out / REPORT, "\n".join(lines))
     return summary

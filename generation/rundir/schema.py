@@ -3,11 +3,13 @@
 The one parser of a round and a task record, wherever they are read: the builder reads `all_conversations.json`
 (the original scripts' entries and ours, which add fields; see ARCHITECTURE.md, "Records") and the paper's §5.2
 records through it, a resumed run turns its journal's rounds into `Attempt`s through it (`attempt_from_round`), and
-`merge` reads each shard's journal `task` lines through it (`TASK_LINE`). Booleans and scores are any JSON scalar
-(`Scalar`) because judges have been seen to answer "yes"/"no" or numbers as strings; `records.as_bool` normalises
-them. An object or a list there, or an integer past its parquet column's range, is a malformed entry that msgspec
-names by its `$...` path. `gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic
-collector's sight halves the read time.
+every journal line a resume, `--retry-failed` or `merge` reads is parsed by it (`ROUND_LINE`, `TASK_LINE`; checked
+by journal.py), as is the run's medbanana-run.json (`RunConfig`, `read_run_config(strict=True)`). Booleans and
+scores are any JSON scalar (`Scalar`) because judges have been seen to answer "yes"/"no" or numbers as strings;
+`records.as_bool` normalises them. An object or a list there, or an integer past its parquet column's range, is a
+malformed entry that msgspec names by its `$...` path (`malformed`: one line naming the field and its value).
+`gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic collector's sight halves
+the read time.
 """
 
 from __future__ import annotations

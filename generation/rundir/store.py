@@ -3,7 +3,9 @@
 Every finished round and every finished task is one JSON line in medbanana-journal.jsonl, written after its image
 is in place (temp file + rename), and flushed. The original scripts' JSON files are rebuilt from the journal with
 atomic renames at the end and at intervals, never rewritten per update. Reopening a run directory replays the
-journal: finished tasks are skipped and unfinished ones continue after their last journalled round.
+journal: finished tasks are skipped and unfinished ones continue after their last journalled round. A run may come
+from elsewhere: its medbanana-run.json (schema.RunConfig) and every journal line (journal.py) are parsed and checked
+before anything is written, and the journal, appended to, is opened only as a file of ours (files.open_owned).
 
 One process writes a run directory at a time (lock.py), from `open` to `close`. Opening reconciles the disk with
 the journal, since a kill can land between an image's rename and its journal line or in the middle of a temp
