@@ -11,13 +11,13 @@ the run, not a sibling run whose `progress.json` a `../` dataset would reach, no
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from conftest import write_jpeg
+from trees import snapshot
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
 
@@ -51,17 +51,6 @@ def machine(tmp_path, made) -> Path:
     victim.mkdir()
     (victim / layout.PROGRESS).write_text('{"another run": "success"}')
     return run
-
-
-def snapshot(root: Path) -> dict[str, bytes | str]:
-    """Every path under `root` with its bytes (a folder: "dir", a symlink: where it points)."""
-    found: dict[str, bytes | str] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            found[str(path)] = os.readlink(path) if path.is_symlink() else "dir" if path.is_dir() else \
-                path.read_bytes()
-    return found
 
 
 MODES = {
