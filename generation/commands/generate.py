@@ -115,8 +115,8 @@ def cmd_generate(args) -> int:
     from PIL import Image
 
     from ..backends.gemini_client import VertexTarget
-    from ..rundir import layout
     from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+    from ..rundir import layout
     from ..runners.generate import BackendSpec, default_backend, generate, run_config
     from ..runners.local import RunOptions
     from ..sources.scan import Selection
