@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from os import PathLike
 
 EPILOG = "Run `medbanana COMMAND --help` for each command's options. Docs: README.md and docs/ in the repository."
 
@@ -101,21 +102,39 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_LOCKED
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         # user errors (unknown disease, bad layout, another run's folder): one clear line, non-zero exit
-        from .generation.secrets import scrub  # a message may quote an endpoint's answer
-
-        print(f"medbanana {args.command}: error: {scrub(str(exc))}", file=sys.stderr)
-        code = getattr(exc, "exit_code", None)  # WorkerCrashed: 4, a process of the run died
-        return code if isinstance(code, int) else 2
+        return _one_line(args.command, exc)
+    except OSError as exc:
+        # a file that cannot be read or written where the user pointed (a folder where a file goes, no permission):
+        # one line, which names the path ("[Errno 21] Is a directory: 'PATH'"); one that names none is a failure
+        # this line could not explain: its traceback, as below
+        if isinstance(exc.filename, (str, bytes, PathLike)):
+            return _one_line(args.command, exc)
+        return _traceback()
     except KeyboardInterrupt:
         print("interrupted: finished tasks are kept; run the same command again to resume", file=sys.stderr)
         return 130
-    except Exception:  # a bug or an unforeseen failure: its traceback, scrubbed (it may quote an endpoint's answer)
-        import traceback
+    except Exception:
+        return _traceback()
 
-        from .generation.secrets import scrub
 
-        print(scrub(traceback.format_exc()), file=sys.stderr, end="")
-        return 1
+def _one_line(command: str, exc: BaseException) -> int:
+    """`exc` as one line on stderr, scrubbed (a message may quote an endpoint's answer); its exit code (2 unless it
+    carries another: WorkerCrashed's 4, a process of the run died)."""
+    from .generation.secrets import scrub
+
+    print(f"medbanana {command}: error: {scrub(str(exc))}", file=sys.stderr)
+    code = getattr(exc, "exit_code", None)
+    return code if isinstance(code, int) else 2
+
+
+def _traceback() -> int:
+    """A bug or an unforeseen failure: its traceback, scrubbed (it may quote an endpoint's answer); exit code 1."""
+    import traceback
+
+    from .generation.secrets import scrub
+
+    print(scrub(traceback.format_exc()), file=sys.stderr, end="")
+    return 1
 
 
 if __name__ == "__main__":

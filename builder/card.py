@@ -312,9 +312,13 @@ def coerced_note(stats: BuildStats) -> str:
     coerced = stats.coerced()
     if not coerced:
         return ""
+    scores = coerced.pop("score", None)
     fields = ", ".join(f"{n['count']:,} `{name}`" for name, n in coerced.items())
-    return (f" Judge values that were neither a boolean nor a yes/no word were read as booleans: {fields}; "
-            f"listed under stats.coerced in {BUILD_INFO}.")
+    booleans = f" Judge values that were neither a boolean nor a yes/no word were read as booleans: {fields};" \
+        if fields else ""
+    scores = f" Judge scores that were no number were read as the number they spell, or null: {scores['count']:,} " \
+        f"`score`;" if scores else ""
+    return f"{booleans}{scores} listed under stats.coerced in {BUILD_INFO}."
 
 
 def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, max_shard_bytes,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -135,10 +136,11 @@ def run_build(args) -> int:
               f"e.g. {refused['items'][0]}; all are listed under stats.refused in "
               f"{args.out / 'medbanana-build.json'}", file=sys.stderr)
     for name, coerced in info["stats"]["coerced"].items():  # one line per field
-        read_as = ", ".join(f"{value} as {str(as_bool).lower()}" for value, as_bool in coerced["examples"].items())
-        print(f"warning: {coerced['count']:,} judge value(s) of '{name}' were not true/false and were read as "
-              f"booleans (e.g. {read_as}); counted under stats.coerced in {args.out / 'medbanana-build.json'}",
-              file=sys.stderr)
+        read_as = ", ".join(f"{value} as {json.dumps(read)}" for value, read in coerced["examples"].items())
+        what = "not numbers and were read as numbers or null" if name == "score" else \
+            "not true/false and were read as booleans"
+        print(f"warning: {coerced['count']:,} judge value(s) of '{name}' were {what} (e.g. {read_as}); counted "
+              f"under stats.coerced in {args.out / 'medbanana-build.json'}", file=sys.stderr)
     return 0
 
 

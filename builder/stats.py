@@ -10,7 +10,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..generation.records import FALSE_WORDS, TRUE_WORDS, as_bool
+from ..generation.records import FALSE_WORDS, TRUE_WORDS, as_bool, as_score
 from ..generation.rundir.provenance import read_mark
 from .reasons import count_phrases
 from .runs import TaskRecord
@@ -35,6 +35,7 @@ class BuildStats:
     success_rounds: Counter = field(default_factory=Counter)  # (modality, direction, round) -> accepted tasks
     attempts: Counter = field(default_factory=Counter)  # (modality, direction) -> attempts
     verdicts: Counter = field(default_factory=Counter)  # (is add, raw judge values...) -> attempts; see below
+    odd_scores: Counter = field(default_factory=Counter)  # a score written as no number ("high", "0.8") -> attempts
     no_pair: Counter = field(default_factory=Counter)  # why a task gives no DPO pair -> tasks
     # verdict text -> rejected attempts with it, not yet split into clauses: counting whole texts is a C-speed
     # hash, and each distinct text is split once, by `count_reasons`, at the end of its partition (in parallel)
@@ -101,9 +102,11 @@ class BuildStats:
                 edit_errors += 1
             v = attempt.verdict
             if v is not None:  # raw values, normalised once per distinct pattern in dimension_counts()
-                qualified = v.qualified
+                qualified, score = v.qualified, v.score
                 verdicts[(add, v.has_disease, v.structure_reasonable, v.looks_realistic, v.fidelity_preserved,
                           qualified)] += 1
+                if score is not None and score.__class__ is not float and score.__class__ is not int:
+                    self.odd_scores[score] += 1
                 if qualified is False or (qualified.__class__ is not bool and as_bool(qualified) is False):
                     rejection_texts[v.reason or ""] += 1  # each clause once per attempt
         self.edit_errors += edit_errors
@@ -137,17 +140,25 @@ class BuildStats:
         return {name: (passes[name], judged[name]) for name in DIMENSIONS}
 
     def coerced(self) -> dict[str, dict]:
-        """Judge fields whose values were not booleans nor a yes/no word (e.g. "maybe", 7, "high") and were read as
-        booleans anyway (`records.as_bool`): field -> {count: attempts, examples: {value as written: read as}}.
-        From the `verdicts` patterns already counted: nothing is added to the per-attempt loop."""
+        """Judge fields whose values were not of their column's type and were read as it anyway: booleans that were
+        neither a boolean nor a yes/no word (e.g. "maybe", 7, "high"; `records.as_bool`), scores that were no number
+        (e.g. "high", read as null, or "0.8"; `records.as_score`): field -> {count: attempts, examples: {value as
+        written: read as}}. From the patterns already counted: nothing is added to the per-attempt loop but a
+        class check of the score."""
         found: dict[str, dict] = {}
+
+        def add(name: str, value, n: int, read_as) -> None:
+            entry = found.setdefault(name, {"count": 0, "examples": {}})
+            entry["count"] += n
+            if len(entry["examples"]) < COERCED_EXAMPLES:
+                entry["examples"][repr(value)[:60]] = read_as
+
         for (_add, *values), n in sorted(self.verdicts.items(), key=lambda kv: tuple(map(repr, kv[0]))):
             for name, value in zip(VERDICT_BOOLEANS, values):
                 if _coerced(value):
-                    entry = found.setdefault(name, {"count": 0, "examples": {}})
-                    entry["count"] += n
-                    if len(entry["examples"]) < COERCED_EXAMPLES:
-                        entry["examples"][repr(value)[:60]] = as_bool(value)
+                    add(name, value, n, as_bool(value))
+        for value, n in sorted(self.odd_scores.items(), key=lambda kv: repr(kv[0])):
+            add("score", value, n, as_score(value))
         return dict(sorted(found.items()))
 
     def merge(self, other: "BuildStats") -> None:

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..generation.files import atomic_write_text
+
 MISSING = "–"
 
 
@@ -51,8 +53,8 @@ class Table:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         md, data = folder / f"{name}.md", folder / f"{name}.csv"
-        md.write_text(self.markdown() + "\n", encoding="utf-8")
-        data.write_text(self.csv_text(), encoding="utf-8")
+        atomic_write_text(md, self.markdown() + "\n")  # replaced by a rename, never written through a link
+        atomic_write_text(data, self.csv_text())
         return md, data
 
     def as_dicts(self) -> list[dict]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ import numpy as np
 from PIL import Image
 
 from ..builder.tables import Table, mean
-from ..generation.files import read_jsonl
+from ..generation.files import atomic_write_text, open_append, read_jsonl
 from ..generation.mask_check import MAX_MASK_PIXELS, header_size, read_checked_mask
 from ..generation.masks import edit_mask_array, region_array
 from .failures import eval_reasons
@@ -84,7 +85,7 @@ def _check_settings(path: Path, settings: dict) -> None:
             raise ValueError(f"{path.parent} holds an evaluation made with other settings ({', '.join(differ)}); "
                              "use another --out")
     else:
-        path.write_text(json.dumps(settings, indent=2, ensure_ascii=False), encoding="utf-8")
+        atomic_write_text(path, json.dumps(settings, indent=2, ensure_ascii=False))
 
 
 def _lpips() -> tuple[LPIPSMetric | None, str | None]:
@@ -104,13 +105,11 @@ async def _score_all(samples: Iterable[Sample], done: set, path: Path, options: 
 
     slots = asyncio.Semaphore(max(1, options.concurrency))
     running: set[asyncio.Task] = set()
-    if path.is_file() and path.stat().st_size:
-        with open(path, "rb+") as torn:  # an interrupted write: end its line so the next record stands alone
-            torn.seek(-1, 2)
-            if torn.read(1) != b"\n":
-                torn.write(b"\n")
-    with open(path, "a", encoding="utf-8") as sink, tqdm(disable=options.quiet, unit="sample",
-                                                        total=options.total) as bar:
+    # appended to, never through a link, a hard link or a FIFO (files.open_append: one line refusing it)
+    with io.TextIOWrapper(open_append(path), encoding="utf-8") as sink, tqdm(disable=options.quiet, unit="sample",
+                                                                            total=options.total) as bar:
+        if sink.tell() and os.pread(sink.fileno(), 1, sink.tell() - 1) != b"\n":
+            sink.write("\n")  # an interrupted write: end its line so the next record stands alone
         async def one(sample: Sample) -> None:
             try:
                 record = await score_sample(sample, options, judge, lpips)
@@ -287,7 +286,7 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
                "judge_errors": sum("judge_error" in r for r in ok), "notes": notes, "cp_excluded": cp_excluded,
                "failure_reasons": eval_reasons(rows), "overall": tables["direction"].as_dicts()[-1],
                "tables": {name: table.as_dicts() for name, table in tables.items()}}
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
+    atomic_write_text(out / SUMMARY, json.dumps(summary, indent=2, ensure_ascii=False))
     lines = ["# Edit evaluation", "", f"{len(rows):,} samples ({len(ok):,} scored, {len(rows) - len(ok):,} with "
              f"errors; see {SAMPLES}). Judge: {judge.get('backend') or 'none'}"
              + (f" ({judge.get('model')}, prompt {judge.get('prompt')})" if judge.get("prompt") else "") + ".", "",
@@ -298,5 +297,5 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
         if summary["failure_reasons"][key]:
             lines += [f"## {title}: top reasons", "", *(f"- {r['samples']:,} × {r['reason']}"
                                                         for r in summary["failure_reasons"][key]), ""]
-    (out / REPORT).write_text("\n".join(lines), encoding="utf-8")
+    atomic_write_text(out / REPORT, "\n".join(lines))
     return summary

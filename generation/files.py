@@ -6,12 +6,16 @@ renamed over it, so a reader sees the old file or the new one, never a mix.
 
 No write follows a symbolic link (a folder from another machine may hold one where medbanana writes): the temp file
 is created with O_CREAT|O_EXCL|O_NOFOLLOW, so a link planted at its name is refused, and the rename replaces a link
-at the target by the file instead of writing where it points. `create_new` is for a file that must not exist yet.
+(symbolic or hard) at the target by the file instead of writing where it points. `create_new` is for a file that
+must not exist yet. A file written in place (a lock, a journal or manifest appended to) is opened by `open_owned`:
+never through a symbolic link, never blocking (a FIFO), and only when it is a regular file with one name (a hard
+link's writes would change the file under its other names too, wherever they are).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import json
 import os
@@ -37,8 +41,10 @@ def not_regular(path: Path) -> str | None:
         return MISSING
     except OSError as exc:
         return f"cannot be looked up ({exc.strerror or exc})"
-    if stat.S_ISREG(mode):
-        return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def _kind(mode: int) -> str:
     return "not a regular file but " + next((name for test, name in _FILE_KINDS if test(mode)), "not a plain file")
 
 
@@ -49,17 +55,62 @@ def create_new(path: Path, mode: int = 0o666, flags: int = 0) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | flags, mode)
 
 
-def open_append(path: Path):
-    """`open(path, "ab")` that never writes through a symbolic link at `path` (journals and manifests are appended
-    to, not replaced): a link there is refused with one line (ValueError), whatever it points to."""
+class UnsafeFile(ValueError):
+    """A file medbanana would write in place, or read, that is a symbolic link (`symlink`), no regular file (a
+    folder, a FIFO, a device) or, to be written, a hard link: refused in one line naming it."""
+
+    def __init__(self, message: str, symlink: bool = False):
+        super().__init__(message)
+        self.symlink = symlink
+
+
+_WRITE_ACCESS = os.O_WRONLY | os.O_RDWR
+_NEVER_BLOCKS = os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC  # a FIFO or a terminal: opened at once, then refused
+
+
+def open_owned(path: Path, flags: int = os.O_RDONLY, mode: int = 0o666, *, follow: bool = False) -> int:
+    """A descriptor of the regular file at `path`, opened with `flags` (e.g. os.O_RDWR | os.O_CREAT) without
+    following a symbolic link there (O_NOFOLLOW, unless `follow`) and without blocking (O_NONBLOCK: a FIFO or a
+    device opens at once or fails, and is refused; the flag is cleared once the file is known to be regular).
+    Opened for writing, it must also be the file's only name (st_nlink 1): writing a hard link would change the
+    file under its other names too, maybe outside the folder. UnsafeFile otherwise, naming `path`; other OSErrors
+    (FileNotFoundError without os.O_CREAT) as os.open raises them."""
+    writing = bool(flags & _WRITE_ACCESS)
+    does = "writes" if writing else "reads"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        fd = os.open(path, flags | _NEVER_BLOCKS | (0 if follow else os.O_NOFOLLOW), mode)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError(f"{path} is a symbolic link; medbanana appends only to a file of its own there "
-                             "(remove the link)") from None
+        if exc.errno == errno.ELOOP and not follow:
+            raise UnsafeFile(f"{path} is a symbolic link: medbanana {does} there only a file of its own, never "
+                             f"through a link (it may point anywhere); remove the link and run again",
+                             symlink=True) from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO, errno.ENODEV, errno.ETXTBSY, errno.EAGAIN):
+            raise _irregular(path, not_regular(path) or "not a regular file", does) from None
         raise
-    return os.fdopen(fd, "ab")
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise _irregular(path, _kind(status.st_mode), does)
+        if writing and status.st_nlink > 1:
+            raise UnsafeFile(f"{path} is a hard link (one of {status.st_nlink} names of one file): medbanana writes "
+                             f"there only a file of its own, and writing it would change the file under its other "
+                             f"names too; remove it (or replace it by a copy) and run again")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _irregular(path: Path, problem: str, does: str) -> UnsafeFile:
+    return UnsafeFile(f"{path}: {problem}; medbanana {does} there only a regular file of its own: remove it and "
+                      f"run again")
+
+
+def open_append(path: Path):
+    """`open(path, "ab")` of a file of ours (journals and manifests are appended to, not replaced), created if
+    need be: `open_owned`'s refusals (a symbolic link, a hard link, a FIFO or a folder at `path`) are one line."""
+    return os.fdopen(open_owned(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "ab")  # read too: a torn tail
 
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o666) -> None:
@@ -72,7 +123,10 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o666) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except (IsADirectoryError, NotADirectoryError):  # a folder at the file's name: never replaced
+            raise _irregular(path, not_regular(path) or "not a regular file", "writes") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -94,9 +148,10 @@ def same_bytes(a: Path, b: Path) -> bool:
 
 def read_jsonl(path: Path) -> list:
     """The lines of a JSON Lines file in order, [] when it does not exist; a line that does not parse (the last
-    one, torn by a kill mid-write) is skipped."""
+    one, torn by a kill mid-write) is skipped. No FIFO or folder is opened (`open_owned`: UnsafeFile)."""
     try:
-        data = Path(path).read_bytes()
+        with os.fdopen(open_owned(path, follow=True), "rb") as fh:
+            data = fh.read()
     except FileNotFoundError:
         return []
     values = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -73,13 +74,14 @@ def json_bool(value) -> bool | None:
 
 def as_score(value) -> float | None:
     """A rubric score as a float (ints too: pyarrow takes no int past int64 as float); None when it is not a
-    number (a judge's words, an integer too large for a float)."""
+    number (a judge's words, "nan" or "inf", an integer too large for a float)."""
     if value is None or value.__class__ is float:
         return value
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError, OverflowError):
         return None
+    return number if math.isfinite(number) else None
 
 
 def verdict_values(verification) -> dict:

@@ -16,6 +16,7 @@ the inline limit, as an uploaded JSONL file; `get_batch` polls; `batch_results` 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from .gemini_wire import InlineData, encode, part_for_key, rest_contents
 from .guard import MAX_ANSWER_BYTES, AnswerRefused, check_text, strings_in
 from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
     parse_retry_after
+from ..files import open_owned
 from ..secrets import hold, holds_secret, scrub, scrub_model, url_credentials
 
 def parse_response(body: str | dict) -> types.GenerateContentResponse:
@@ -329,7 +331,7 @@ class GeminiTransport(Transport):
         else:
             path = Path(work_dir) / f"{display_name}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as fh:
+            with os.fdopen(open_owned(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as fh:  # no link, no FIFO
                 for key, request in items:
                     fh.write(encode({"key": key, "request": rest_request(request, self.inline)}) + b"\n")
             upload = types.UploadFileConfig(mime_type="jsonl", display_name=display_name)

@@ -9,7 +9,9 @@ Forgetting a key appends a record of length -1. When a process opens the cache i
 another. A record torn by a kill (the last of its log) is ignored: its process is gone, so nothing is appended to
 that log again. Answers that other processes write after the index is read are not seen: processes of one run
 work on different tasks. A log is created new (O_EXCL|O_NOFOLLOW): a symbolic link at its name is refused, never
-followed; the folder itself may be a link (a cache placed on another disk).
+followed; the folder itself may be a link (a cache placed on another disk). A log read back is opened without
+following a link or blocking (files.open_owned): one that is a symbolic link, a FIFO or a folder is left out with a
+warning, never opened.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import json
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..files import create_new
+from ..files import UnsafeFile, create_new, open_owned
 
 LOG_GLOB = "answers-*.log"
 
@@ -67,13 +70,14 @@ class ResponseCache:
         entry = self._entries().get(key)
         try:
             if entry is None:
-                return self._legacy_path(key).read_bytes()
+                with os.fdopen(open_owned(self._legacy_path(key)), "rb") as fh:
+                    return fh.read()
             if entry.length < 0:
                 return None
-            with open(entry.log, "rb") as fh:
+            with os.fdopen(open_owned(entry.log), "rb") as fh:
                 fh.seek(entry.offset)
                 return fh.read(entry.length)
-        except FileNotFoundError:
+        except (FileNotFoundError, UnsafeFile):  # a FIFO, a folder or a link where an answer was: none
             return None
 
     def put_json(self, key: str, body: str) -> None:
@@ -121,7 +125,12 @@ class ResponseCache:
         if self._index is None:
             index: dict[str, _Entry] = {}
             for log in sorted(self.directory.glob(LOG_GLOB)):
-                for key, entry in _read_headers(log):
+                try:
+                    records = list(_read_headers(log))
+                except UnsafeFile as exc:  # no log of ours: never opened (a FIFO would block), left out
+                    warnings.warn(f"request cache: left out, never opened: {exc}", stacklevel=2)
+                    continue
+                for key, entry in records:
                     if key not in index or entry.stamp >= index[key].stamp:
                         index[key] = entry
             self._index = index
@@ -140,8 +149,9 @@ class ResponseCache:
 
 
 def _read_headers(log: Path):
-    """(key, entry) for each whole record of one log, in order; stops at a torn or foreign record."""
-    with open(log, "rb") as fh:
+    """(key, entry) for each whole record of one log, in order; stops at a torn or foreign record. The log is
+    opened as a file of ours (files.open_owned: UnsafeFile for a symbolic link, a FIFO or a folder)."""
+    with os.fdopen(open_owned(log), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         while True:
             header = fh.readline(200)

@@ -100,6 +100,7 @@ def cmd_generate(args) -> int:
 
     from ..backends.gemini_client import VertexTarget
     from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+    from ..rundir import layout
     from ..runners.generate import BackendSpec, default_backend, generate, run_config
     from ..runners.local import RunOptions
     from ..sources.scan import Selection
@@ -123,6 +124,10 @@ def cmd_generate(args) -> int:
             return 2
         out = args.retry_failed
         recorded = run_config(out)
+        if sources is None and recorded.get("sources_root") is None:  # else confirm.py asks for the recorded one
+            print(f"medbanana generate: {Path(out) / layout.RUN_CONFIG} records no sources folder "
+                  f"(sources_root); give --sources", file=sys.stderr)
+            return 2
         take_recorded_options(args, recorded)
     for name, default in RUN_DEFAULTS.items():
         if getattr(args, name) is None:

@@ -8,11 +8,14 @@ file, while still holding it exclusively (a reader first tries to turn its share
 command leaves none; a file left by a killed process only says who held it last. Every taker therefore checks,
 after locking, that the file it locked is still the one at the path, and locks the one there if not: without that, a
 process that opened the file just before it was removed would hold a lock nobody else can see. `flock` also covers
-NFS on Linux (emulated with byte-range locks there). A writer never opens the lock file through a symbolic link
-(O_NOFOLLOW: a folder from elsewhere may hold a link to a file outside it, which the holder's line would overwrite):
-a link there is refused with one line, and left as it is; a reader locks through it, read-only, and removes nothing.
-A reader of a folder it may not write (read-only inputs) locks the file if there is one, and creates nothing. The
-command line recorded is scrubbed (secrets.py: keys, a URL's `user:password@`), and so is the holder's when quoted.
+NFS on Linux (emulated with byte-range locks there). A writer opens the lock file only when it is a regular file
+with one name, never through a symbolic link, never blocking (`files.open_owned`: a folder from elsewhere may hold a
+link or a hard link to a file outside it, which the holder's line would overwrite, or a FIFO, whose open would
+block): anything else there is refused with one line, and left as it is; a reader locks through a symbolic link,
+read-only, and removes nothing. A reader of a folder it may not write (read-only inputs) locks the file if there is
+one, and creates nothing. The command line recorded is scrubbed (secrets.py: keys, a URL's `user:password@`), and
+so is the holder's when quoted, which is also escaped (`printable`): no escape sequence or second line of a file
+written elsewhere reaches the terminal.
 
     with hold_lock(run_dir, "run directory"):   # LockHeld (exit code 75) when another process holds it
         ...
@@ -33,6 +36,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..files import UnsafeFile, open_owned
 from ..secrets import scrub
 
 LOCK_NAME = "medbanana.lock"
@@ -77,8 +81,19 @@ def _holder(fd: int) -> str:
         return "another medbanana process reading it"
     since = info.get("since")
     since = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    # scrubbed: a file written elsewhere (or by an older version) may hold a secret in its command
-    return scrub(f"pid {info['pid']} on host {info.get('host', '?')} since {since} ({info.get('command', '?')})")
+    # scrubbed: a file written elsewhere (or by an older version) may hold a secret in its command; escaped: it may
+    # hold escape sequences or a line break that would forge the terminal's next line
+    return printable(scrub(f"pid {info['pid']} on host {info.get('host', '?')} since {since} "
+                           f"({info.get('command', '?')})"))
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (control characters, escape sequences' ESC, line and
+    paragraph separators, bidirectional overrides) and the backslash written as a Python escape: one line, shown
+    as it is written."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class DirLock:
@@ -135,25 +150,24 @@ class DirLock:
                            f"it (the lock goes with that process), or use another folder") from None
 
     def _open(self) -> int | None:
-        """The lock file, created if need be (never truncated before the lock is ours), never through a symbolic
-        link: a writer refuses one (RuntimeError). A reader that may not create the file, or finds a link, opens
-        what is there read-only (None when nothing is: it creates nothing in an input it may not write)."""
+        """The lock file, created if need be (never truncated before the lock is ours), by `files.open_owned`: a
+        writer refuses a symbolic link, a hard link, a FIFO or a folder there (UnsafeFile, one line). A reader
+        that may not create the file, or finds a symbolic link, opens what is there read-only, a regular file only
+        (None when nothing is: it creates nothing in an input it may not write)."""
         if not self.shared:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._removable = True
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            return open_owned(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except UnsafeFile as exc:
+            if not self.shared or not exc.symlink:
+                raise
         except OSError as exc:
-            if not self.shared and exc.errno == errno.ELOOP:
-                raise RuntimeError(f"{self.path} is a symbolic link: medbanana writes no lock file through a link "
-                                   f"(it may point outside {self.folder.parent if self.beside else self.folder}); "
-                                   f"remove it and run again") from None
-            if not self.shared or exc.errno not in (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EROFS,
-                                                     errno.ENOENT):
+            if not self.shared or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
                 raise
         self._removable = False  # not ours to remove: a link, or a file in a folder this process may not write
         try:
-            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            return open_owned(self.path, os.O_RDONLY, follow=True)
         except FileNotFoundError:
             return None
 

@@ -3,28 +3,35 @@
 The one parser of a round and a task record, wherever they are read: the builder reads `all_conversations.json`
 (the original scripts' entries and ours, which add fields; see ARCHITECTURE.md, "Records") and the paper's §5.2
 records through it, a resumed run turns its journal's rounds into `Attempt`s through it (`attempt_from_round`), and
-`merge` reads each shard's journal `task` lines through it (`TASK_LINE`). Booleans and scores are any JSON scalar
-(`Scalar`) because judges have been seen to answer "yes"/"no" or numbers as strings; `records.as_bool` normalises
-them. An object or a list there, or an integer past its parquet column's range, is a malformed entry that msgspec
-names by its `$...` path. `gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic
-collector's sight halves the read time.
+every journal line a resume, `--retry-failed` or `merge` reads is parsed by it (`ROUND_LINE`, `TASK_LINE`; checked
+by journal.py), as is the run's medbanana-run.json (`RunConfig`, `read_run_config(strict=True)`). Booleans and
+scores are any JSON scalar (`Scalar`) because judges have been seen to answer "yes"/"no" or numbers as strings;
+`records.as_bool` normalises them. An object or a list there, or an integer past its parquet column's range, is a
+malformed entry that msgspec names by its `$...` path (`malformed`: one line naming the field and its value).
+`gc=False`: these objects hold no cycles, and keeping a million of them out of the cyclic collector's sight halves
+the read time.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import reprlib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ..files import MISSING, not_regular
+from ..files import MISSING, not_regular, open_owned
 from ..records import VERDICT_COLUMNS, Attempt, Instruction, Usage, Verdict, as_bool, verdict_values
+from ..taxonomy import DIRECTIONS
 from . import layout
 
 Scalar = bool | int | float | str | None
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # rounds: int32 columns
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # seed: an int64 column
+Count = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]  # max_rounds, limit
 
 
 # Thinking summaries are most of the text and only the conversations and judge rows use them: they stay raw JSON
@@ -160,6 +167,17 @@ TASK_LINE = msgspec.json.Decoder(TaskLine)
 ROUND = msgspec.json.Decoder(Round)
 
 
+class RoundLine(msgspec.Struct, gc=False):
+    """A `round` line of medbanana-journal.jsonl (store.py writes them)."""
+
+    type: str
+    uid: str
+    round: Round
+
+
+ROUND_LINE = msgspec.json.Decoder(RoundLine)
+
+
 def attempt_from_round(raw: dict | bytes) -> Attempt:
     """A journalled round (its JSON text, or as `json.loads` made it) back as the Attempt that wrote it."""
     round_ = ROUND.decode(raw if isinstance(raw, bytes) else msgspec.json.encode(raw))
@@ -187,20 +205,100 @@ def _decoded(raw: msgspec.Raw):
     return msgspec.json.decode(raw) if raw else None
 
 
-def read_run_config(run_dir: Path) -> dict | None:
+def read_run_config(run_dir: Path, *, strict: bool = False) -> dict | None:
     """RUN_DIR/medbanana-run.json as a dict, or None when the run has none: read only from inside the run
     (`layout.inside`: a link out is UnsafePath) and checked by stat before it is opened; a ValueError naming the
-    file when it is no regular file, not JSON or not a JSON object. Every reader of a run's configuration but the
-    store's own (which writes it) goes through here."""
+    file when it is no regular file, not JSON or not a JSON object. Every reader of a run's configuration goes
+    through here; those that write the run (reopening it, `--retry-failed`, `merge`) read it `strict`ly: parsed as
+    a `RunConfig` (`check_run_config`), a field of the wrong type is a ValueError naming the file and the field."""
     path = layout.inside(Path(run_dir), layout.RUN_CONFIG, named_by=f"the run directory {run_dir}")
     if (problem := not_regular(path)) is not None:
         if problem == MISSING:
             return None
         raise ValueError(f"{path}: {problem}")
+    with os.fdopen(open_owned(path), "rb") as fh:  # never blocks, should it become a FIFO since the stat
+        data = fh.read()
     try:
-        config = json.loads(path.read_bytes())
+        config = json.loads(data)
     except ValueError as exc:
         raise ValueError(f"{path}: not a run configuration, not JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: not a run configuration, not a JSON object")
+    if strict:
+        check_run_config(path, config)
     return config
+
+
+# ---------------------------------------------------------------- a run reopened or merged: its config and journal
+
+Name = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[^/\x00-\x1f]+$")]  # a folder name: no "/", no control
+
+
+class RecordedSelection(msgspec.Struct, gc=False):
+    """medbanana-run.json's `selection` (what `--retry-failed` selects again)."""
+
+    modalities: list[Name] = []
+    diseases: list[Name] = []
+    directions: list[Literal["add", "remove"]] = msgspec.field(default_factory=lambda: list(DIRECTIONS))
+    modality: Name | None = None
+    shard: tuple[Annotated[int, msgspec.Meta(ge=0)], Count] | None = None
+    limit: Count | None = None
+
+
+class RunConfig(msgspec.Struct, gc=False):
+    """medbanana-run.json as a run that is written again reads it (store.py, `--retry-failed`, `merge`): the fields
+    they use, typed; any other is kept as it is. `backends` and `c2pa` are compared whole (store.IDENTITY_KEYS)."""
+
+    format_version: int | None = None
+    max_rounds: Count | None = None
+    seed: Int64 | None = None
+    accept: str | None = None
+    backends: dict[str, Any] | None = None
+    models: dict[str, str | None] | None = None
+    c2pa: dict[str, Any] | None = None
+    digital_source_type: str | None = None
+    sources_root: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    selection: RecordedSelection | None = None
+    run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    created: float | None = None
+    merged_from: list[str] | None = None
+
+
+def check_run_config(path: Path, config: dict) -> RunConfig:
+    """`config` (medbanana-run.json at `path`, as json decodes it) parsed as a RunConfig; ValueError naming the file
+    and the field otherwise."""
+    try:
+        parsed = msgspec.convert(config, RunConfig)
+    except msgspec.ValidationError as exc:
+        raise malformed(str(path), exc, config) from None
+    shard = parsed.selection.shard if parsed.selection is not None else None
+    if shard is not None and shard[0] >= shard[1]:
+        raise refusal(str(path), "selection.shard", f"is {list(shard)}, not [i, N] with i < N")
+    if parsed.sources_root is not None and not os.path.isabs(parsed.sources_root):
+        raise refusal(str(path), "sources_root", f"is {shown(parsed.sources_root)}, not an absolute path")
+    return parsed
+
+
+_REPR = reprlib.Repr()  # a value from the data in a refusal: quoted and escaped (repr), cut short
+_REPR.maxstring = 200
+shown = _REPR.repr
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+
+
+def refusal(where: str, field: str, problem: str) -> ValueError:
+    return ValueError(f"{where}: field '{field}' {problem}")
+
+
+def malformed(where: str, exc: msgspec.ValidationError, data) -> ValueError:
+    """A msgspec refusal ("Expected `int` >= 1 - at `$.max_rounds`") as one line naming the field and its value."""
+    problem, _, field = str(exc).partition(" - at `$")
+    field = field.rstrip("`").lstrip(".")
+    value, found = data, True
+    for key, index in _STEP.findall("." + field if field and not field.startswith("[") else field):
+        try:
+            value = value[key] if key else value[int(index)]
+        except (KeyError, IndexError, TypeError):
+            found = False
+            break
+    what = f"is {shown(value)}" if found and field else "is malformed"
+    return refusal(where, field or "record", f"{what}: {problem[:1].lower()}{problem[1:]}")

@@ -3,7 +3,9 @@
 Every finished round and every finished task is one JSON line in medbanana-journal.jsonl, written after its image
 is in place (temp file + rename), and flushed. The original scripts' JSON files are rebuilt from the journal with
 atomic renames at the end and at intervals, never rewritten per update. Reopening a run directory replays the
-journal: finished tasks are skipped and unfinished ones continue after their last journalled round.
+journal: finished tasks are skipped and unfinished ones continue after their last journalled round. A run may come
+from elsewhere: its medbanana-run.json (schema.RunConfig) and every journal line (journal.py) are parsed and checked
+before anything is written, and the journal, appended to, is opened only as a file of ours (files.open_owned).
 
 One process writes a run directory at a time (lock.py), from `open` to `close`. Opening reconciles the disk with
 the journal, since a kill can land between an image's rename and its journal line or in the middle of a temp
@@ -26,10 +28,11 @@ from pathlib import Path
 from . import layout, mask_files
 from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
-from .schema import attempt_from_round
+from .journal import parse_journal
+from .schema import attempt_from_round, read_run_config
 from ..records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome
-from ..files import (TEMP_NAME, atomic_write_bytes, atomic_write_json, open_append, read_jsonl,  # noqa: F401
-                     same_bytes)  # (some re-exported)
+from ..files import (TEMP_NAME, atomic_write_bytes, atomic_write_json, open_append, open_owned,  # noqa: F401
+                     read_jsonl, same_bytes)  # (some re-exported)
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
@@ -84,8 +87,8 @@ class RunStore:
                 f"{f' (and {len(leading_out) - 1} more)' if len(leading_out) > 1 else ''}: a run writes only inside "
                 "its folder; replace each such link by the folder itself")
         cfg_path = self.run_dir / layout.RUN_CONFIG
-        if cfg_path.exists():
-            old = json.loads(cfg_path.read_text())
+        old = read_run_config(self.run_dir, strict=True)  # a field of the wrong type: one line naming it
+        if old is not None:
             _check_signing(self.run_dir, old.get("c2pa"), self.config.get("c2pa"))
             diffs = [f"{k}: was {old.get(k)!r}, now {self.config.get(k)!r}" for k in IDENTITY_KEYS
                      if old.get(k) != self.config.get(k)]
@@ -98,14 +101,20 @@ class RunStore:
                 raise RunConfigMismatch(f"{self.run_dir} holds a run that was not made by medbanana "
                                         f"(no {layout.RUN_CONFIG}); use an empty folder")
             self.config["created"] = time.time()
-            self.config.setdefault("run_id", uuid.uuid4().hex)
+        self.config.setdefault("run_id", uuid.uuid4().hex)
         journal_path = self.run_dir / layout.JOURNAL
-        entries = read_journal(journal_path)
-        self._replay(entries)
-        self._reconcile(entries)
-        atomic_write_json(cfg_path, self.config)
-        self._journal = open_append(journal_path)
-        if journal_path.stat().st_size and not _ends_with_newline(journal_path):
+        journal, data = _open_journal(journal_path)  # every line parsed and checked before anything is written
+        try:
+            entries = [line.entry for line in parse_journal(data, f"run directory {self.run_dir}")]
+            self._replay(entries)
+            self._reconcile(entries)
+            atomic_write_json(cfg_path, self.config)
+            self._journal = journal or open_append(journal_path)
+        except BaseException:
+            if journal is not None:
+                journal.close()
+            raise
+        if data and not data.endswith(b"\n"):
             self._journal.write(b"\n")  # after a torn line, start clean
         return self
 
@@ -293,19 +302,23 @@ class RunStore:
             records.sort(key=lambda r: r["uid"])
             out = layout.output_dir(self.run_dir, dataset, direction)
             judged = [r for r in records if r["status"] in ("success", "failed")]
+            # a record read back (a resume, a merge) has been checked (journal.py), but the schema's optional fields
+            # may be missing from it: read with .get
             atomic_write_json(out / layout.PROGRESS, {r["key"]: r["status"] for r in records})
             atomic_write_json(out / layout.API_FAILURES, [r["api_failure"] for r in records if r.get("api_failure")])
             atomic_write_json(out / layout.FINAL_PROMPTS, {
-                r["key"]: {"image": r["image"], "disease": r["disease"], "status": r["status"],
-                           "final_prompt": r["final_prompt"], "rounds": len(r["rounds"])} for r in judged})
+                r["key"]: {"image": r.get("image"), "disease": r["disease"], "status": r["status"],
+                           "final_prompt": r.get("final_prompt"), "rounds": len(r.get("rounds") or [])}
+                for r in judged})
             atomic_write_json(out / layout.ALL_CONVERSATIONS, {r["key"]: _public(r) for r in records})
             failed = [r for r in records if r["status"] == "failed"]
             if failed:
                 atomic_write_json(layout.failed_dir(self.run_dir, dataset, direction) / layout.FAILED_SUMMARY, [
-                    {"task": r["key"], "image": r["image"], "disease": r["disease"],
-                     "final_prompt": r["final_prompt"], "rounds": len(r["rounds"]),
-                     "last_verification": (r["rounds"][-1] if r["rounds"] else {}).get("verification"),
-                     "final_image_path": r["final_image_path"], "full_conversation": _public(r)} for r in failed])
+                    {"task": r["key"], "image": r.get("image"), "disease": r["disease"],
+                     "final_prompt": r.get("final_prompt"), "rounds": len(r.get("rounds") or []),
+                     "last_verification": ((r.get("rounds") or [{}])[-1]).get("verification"),
+                     "final_image_path": r.get("final_image_path"), "full_conversation": _public(r)}
+                    for r in failed])
         self._last_materialized = time.monotonic()
         self._dirty = False
 
@@ -330,10 +343,20 @@ def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in ("key", "api_failure")}
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        fh.seek(-1, os.SEEK_END)
-        return fh.read(1) == b"\n"
+def _open_journal(path: Path):
+    """(the journal opened to append, its bytes) of a run that has one, (None, b"") of one that has none. Opened
+    as a file of ours (files.open_owned: a symbolic link, a hard link, a FIFO or a folder there is refused in one
+    line) and read through that descriptor."""
+    try:
+        fd = open_owned(path, os.O_RDWR | os.O_APPEND)
+    except FileNotFoundError:
+        return None, b""
+    try:
+        data = b"".join(iter(lambda: os.read(fd, 1 << 24), b""))
+        return os.fdopen(fd, "ab"), data
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def conversation_record(outcome: TaskOutcome, run_dir: Path, config: dict, extra: dict) -> dict:

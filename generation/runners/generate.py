@@ -16,7 +16,7 @@ from ..records import Task
 from ..rundir.provenance import DEFAULT_SOURCE_TYPE
 from .local import RunOptions, RunSummary, describe_backends, run
 from ..sources.scan import Selection, SourceLayoutError, scan_sources
-from ..rundir.store import read_journal
+from ..rundir.journal import journal_lines
 from ..taxonomy import DIRECTIONS
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
@@ -185,7 +185,8 @@ def retry_selection(run_dir: Path, *, selection: Selection | None = None, modali
                          f"{'; '.join(differs)}: leave these options out, or start a new run with --out")
     known = None
     if "shard" not in recorded or "limit" not in recorded or config.get("merged_from"):
-        known = {entry["uid"] for entry in read_journal(Path(run_dir) / layout.JOURNAL)}
+        known = {line.entry["uid"] for line in journal_lines(Path(run_dir) / layout.JOURNAL,
+                                                             f"run directory {run_dir}")}
     return recorded, known
 
 
@@ -200,6 +201,8 @@ def _shown(value) -> str:
 
 
 def run_config(run_dir: Path) -> dict:
-    if (config := schema.read_run_config(run_dir)) is None:
+    """RUN_DIR/medbanana-run.json, parsed as the run's one schema (schema.RunConfig): a field of the wrong type is a
+    ValueError naming the file and the field."""
+    if (config := schema.read_run_config(run_dir, strict=True)) is None:
         raise FileNotFoundError(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
     return config

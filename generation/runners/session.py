@@ -61,13 +61,14 @@ class RunSummary:
 
     def count_finished(self, records) -> None:
         """Add finished task records (journal `record`s) to the statuses, failed attempts, rounds and errors."""
-        for record in records:
+        for record in records:  # read back from a journal, optional fields may be missing
+            rounds = record.get("rounds") or []
             self.statuses[record["status"]] += 1
-            self.failed_attempts += sum(1 for r in record["rounds"] if not r.get("accepted"))
+            self.failed_attempts += sum(1 for r in rounds if not r.get("accepted"))
             if record["status"] == "success":
-                self.success_rounds[record["success_round"]] += 1
+                self.success_rounds[record.get("success_round") or len(rounds)] += 1
             if record.get("error"):
-                self.error_kinds[record["error"]["kind"]] += 1
+                self.error_kinds[record["error"].get("kind") or "unknown"] += 1
 
     def as_dict(self) -> dict:
         return {"tasks": sum(self.statuses.values()), "ran_now": self.tasks - self.skipped, "skipped": self.skipped,
@@ -133,9 +134,10 @@ def drop_task(store: RunStore, uid: str) -> None:
     """End an api_failed task whose source is gone for good: its record, rounds kept, with the failure kind
     SOURCE_MISSING, which later retries and the exit code leave out."""
     record = dict(store.finished[uid])
-    message = f"source {record.get('source_path') or record['image']} no longer exists: dropped (--drop-missing-sources)"
+    message = (f"source {record.get('source_path') or record.get('image') or record['key']} no longer exists: "
+               f"dropped (--drop-missing-sources)")
     record["error"] = {"step": "load_source", "kind": SOURCE_MISSING, "message": message}
-    record["api_failure"] = {**(record.get("api_failure") or {"task": record["key"], "image": record["image"],
+    record["api_failure"] = {**(record.get("api_failure") or {"task": record["key"], "image": record.get("image"),
                                                                "disease": record["disease"], "round": None}),
                              "step": "load_source", "kind": SOURCE_MISSING, "error": message}
     store.add_finished(record)

@@ -18,6 +18,7 @@ from xml.etree import ElementTree
 
 import pytest
 from conftest import write_jpeg
+from trees import snapshot
 from PIL import Image
 
 from medbanana.builder import manifest
@@ -318,17 +319,6 @@ HOSTILE_RECORDS = {  # case -> (how the second record of the shard is spoiled, t
     "uid of another task": (_set("uid", "DS/add/n0-Pneumothorax"), "uid"),
     "accepted round of a failed task": (_set("status", "failed"), "record.rounds[0].accepted"),
 }
-
-
-def snapshot(root: Path) -> dict[str, bytes | str]:
-    """Every path under `root` with its bytes (a folder: "dir", a symlink: where it points)."""
-    found: dict[str, bytes | str] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            found[str(path)] = os.readlink(path) if path.is_symlink() else "dir" if path.is_dir() else \
-                path.read_bytes()
-    return found
 
 
 @pytest.mark.parametrize("existing_out", [False, True], ids=["new --out", "merged --out"])
