@@ -66,6 +66,10 @@ def register(subparsers) -> None:
     g.add_argument("--splits", nargs="+", default=("Training", "Testing"), help="Brain Tumor MRI splits to use")
     g.add_argument("--modality", choices=sorted(load_taxonomy().modalities),
                    help="folders: modality when the folder names do not tell")
+    g.add_argument("--skip-unknown", action="store_true",
+                   help="folders: leave out class folders whose name is not in the taxonomy (listed in the report); "
+                        "by default such a folder, e.g. a misspelt Pleural_Efusion/, is an error naming the closest "
+                        "class name")
     g = p.add_argument_group("label files")
     g.add_argument("--labels", type=Path, help="MIMIC CheXpert csv or ODIR spreadsheet (default: found in ROOT)")
     g.add_argument("--metadata", type=Path, help="MIMIC metadata csv (default: found in ROOT)")
@@ -87,7 +91,8 @@ def register(subparsers) -> None:
 
 def cmd_prepare(args) -> int:
     adapter_opts = AdapterOptions(name=args.name, labels=args.labels, metadata=args.metadata, images=args.images,
-                                  uncertain=args.uncertain, splits=tuple(args.splits), modality=args.modality)
+                                  uncertain=args.uncertain, splits=tuple(args.splits), modality=args.modality,
+                                  skip_unknown=args.skip_unknown)
     image = ImageOptions(size=args.size, aspect=args.aspect, quality=args.quality, min_side=args.min_side,
                          max_pixels=args.max_pixels)
     opts = PrepareOptions(image=image, per_class=args.per_class, seed=args.seed, classes=tuple(args.classes),

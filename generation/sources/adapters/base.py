@@ -71,6 +71,7 @@ class AdapterOptions:
     uncertain: str = "exclude"
     splits: tuple[str, ...] = ("Training", "Testing")
     modality: str | None = None
+    skip_unknown: bool = False  # folders: a class folder no taxonomy name matches is skipped (reported), not fatal
 
 
 def norm(text: str) -> str:
