@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .card import build_info, coerced_note, refused_note, render_card
+from .card import build_info, coerced_note, partial_note, refused_note, render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES, REVIEW_CONFIG
 from .manifest import write_manifest
 from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, remove_stale_staging,
@@ -38,7 +38,8 @@ from .parquet import ConfigSchema, finalize_shards
 from .partition import PartitionSpec, error_line, partition_worker, build_partition
 from .reviews import open_reviews, reviewed_uids, write_reviews
 from .rows import IMAGE_CONFIGS
-from .runs import Unit, discover_units, recorded_max_rounds, recorded_signing, task_keys, unit_size
+from .runs import (Unit, discover_units, recorded_max_rounds, recorded_partial, recorded_signing, task_keys,
+                   unit_size)
 from .safety import POLICIES, Refused
 from .sources import SourceIndex
 from .stats import BuildStats
@@ -119,13 +120,15 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             splits = ["train", "test"] if test_fraction > 0 else ["train"]
             files, final_digests = _finalize(staging, configs, splits, digests)
             figure = _draw_figure(stats, staging / FIGURE)
+            partial = {run_dir.name: shards for run_dir in _whole_runs(units)
+                       if (shards := recorded_partial(run_dir)) is not None}
             info = build_info(units, configs, splits, files, stats, test_fraction, max_shard_bytes, sources,
-                               figure, unsafe)
+                              figure, unsafe, partial)
             info.update({"reviews": reviewed} if reviewed else {})
             (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
             note = (f"Built by medbanana {info['medbanana_version']} with datasets {info['datasets_version']}; "
                     f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{refused_note(stats)}"
-                    f"{coerced_note(stats)}")
+                    f"{coerced_note(stats)}{partial_note(partial)}")
             card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
                                max_rounds=max_rounds, test_fraction=test_fraction,
                                sources=sources, build_note=note, figure=figure,

@@ -110,6 +110,9 @@ def run_build(args) -> int:
             counts = ", ".join(f"{split} {v['rows']:,} rows in {len(v['files'])} file(s)" for split, v in splits.items())
             print(f"  {config:<14} {counts}")
     _report_sources(info["sources"], args.quiet)
+    for name, shards in info.get("partial_runs", {}).items():
+        print(f"warning: run {name} holds {len(shards['merged'])} of {shards['of']} shards (`merge --partial`): the "
+              "tasks of the others are not in this build; its card says so", file=sys.stderr)
     for name, review in info.get("reviews", {}).items():
         if review["left_out"]:
             print(f"warning: review {name}: {review['left_out']} of {review['answers']} answers are about tasks "
