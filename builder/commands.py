@@ -109,7 +109,7 @@ def run_build(args) -> int:
         for config, splits in info["configs"].items():
             counts = ", ".join(f"{split} {v['rows']:,} rows in {len(v['files'])} file(s)" for split, v in splits.items())
             print(f"  {config:<14} {counts}")
-    _report_sources(info["sources"], args.quiet)
+    _report_sources(info["sources"], args.quiet, info["configs"])
     for name, shards in info.get("partial_runs", {}).items():
         print(f"warning: run {name} holds {len(shards['merged'])} of {shards['of']} shards (`merge --partial`): the "
               "tasks of the others are not in this build; its card says so", file=sys.stderr)
@@ -137,9 +137,16 @@ def run_build(args) -> int:
     return 0
 
 
-def _report_sources(sources: dict | None, quiet: bool) -> None:
-    """--source-images' count, as the card and medbanana-build.json give it; a partial match is a warning."""
+def _report_sources(sources: dict | None, quiet: bool, configs) -> None:
+    """--source-images' count, as the card and medbanana-build.json give it; a partial match is a warning. Without
+    --source-images, one line says that source_image is null and how to attach the sources."""
+    from .rows import IMAGE_CONFIGS
+
     if sources is None:
+        if set(configs) & IMAGE_CONFIGS:
+            print("note: source_image is null in every row (runs do not hold their sources); to attach them, build "
+                  "again with --source-images DIR (the folder `generate --sources` read), or fill a loaded dataset "
+                  "with medbanana.loaders.attach_sources(ds, DIR)", file=sys.stderr)
         return
     matched, total = sources["matched"], sources["total"]
     if matched < total:
