@@ -64,7 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = "interrupted: finished tasks are kept; run the same command again to resume"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The `medbanana` command: its exit code. Ctrl-C at any moment, while the parser's modules are imported too,
+    is one line and exit code 130 (the command's child processes ignore it: generation/interrupts.py)."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -89,9 +102,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"medbanana {args.command}: error: {scrub(str(exc))}", file=sys.stderr)
         code = getattr(exc, "exit_code", None)  # WorkerCrashed: 4, a process of the run died
         return code if isinstance(code, int) else 2
-    except KeyboardInterrupt:
-        print("interrupted: finished tasks are kept; run the same command again to resume", file=sys.stderr)
-        return 130
     except Exception:  # a bug or an unforeseen failure: its traceback, scrubbed (it may quote an endpoint's answer)
         import traceback
 

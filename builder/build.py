@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..generation.interrupts import children_ignore_sigint
 from .card import build_info, coerced_note, partial_note, refused_note, render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES, REVIEW_CONFIG
 from .manifest import write_manifest
@@ -221,8 +222,9 @@ def _run_partitions(specs: list[PartitionSpec], quiet: bool) -> tuple[BuildStats
         ctx = multiprocessing.get_context("spawn")  # pyarrow's thread pools do not survive fork
         messages = ctx.Queue()
         procs = [ctx.Process(target=partition_worker, args=(spec, messages), daemon=True) for spec in specs]
-        for proc in procs:
-            proc.start()
+        with children_ignore_sigint():  # Ctrl-C is this process's to handle: it ends the workers
+            for proc in procs:
+                proc.start()
         finished: dict[int, BuildStats] = {}
         try:
             while len(finished) < len(specs):
