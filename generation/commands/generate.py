@@ -1,5 +1,5 @@
-"""`medbanana generate` and `medbanana merge`: command-line options -> a BackendSpec, RunOptions and a run
-(generation/runners/generate.py does the work); shard run directories -> one (rundir/merge.py)."""
+"""`medbanana generate`: command-line options -> a BackendSpec, RunOptions and a run (generation/runners/generate.py
+does the work)."""
 
 from __future__ import annotations
 
@@ -243,19 +243,6 @@ def signing_credentials(cert: Path | None, key: Path | None):
     return credentials
 
 
-def cmd_merge(args) -> int:
-    from ..rundir.merge import merge_runs
-
-    counts = merge_runs(args.runs, args.out, partial=args.partial)
-    before = f" ({counts['merged_before']} merged before)" if counts["merged_before"] else ""
-    print(f"merged {counts['tasks']} finished tasks{before} from {counts['inputs']} run directories into {args.out}")
-    if shards := counts.get("shards"):
-        if len(shards["merged"]) < shards["of"]:
-            print(f"partial: {args.out} holds {len(shards['merged'])} of {shards['of']} shards (--partial); merge the "
-                  "others into it later, a dataset built from it says so meanwhile")
-    return 0
-
-
 def register(sub) -> None:
     p = sub.add_parser("generate", help="run the refinement loop over your own sources",
                        description="Run instruction -> edit -> judge -> refine (up to --max-rounds) for every task "
@@ -386,16 +373,3 @@ def register(sub) -> None:
                         "Pillow itself refuses more than twice its default)")
     add_run_options(p)
     p.set_defaults(func=cmd_generate, **dict.fromkeys(RUN_DEFAULTS))  # None: given or not (--retry-failed)
-
-    p = sub.add_parser("merge", help="combine shard run directories into one",
-                       description="Merge the finished tasks of several run directories made with the same options "
-                                   "(e.g. `generate --shard i/N` on N machines) into --out. A task finished in two "
-                                   "inputs, or inputs made with other options, is an error. Rerunning an interrupted merge "
-                                   "goes on after the tasks it wrote.")
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--out", type=Path, required=True, help="merged run directory (new, or one made with the same options)")
-    p.add_argument("--partial", action="store_true",
-                   help="merge shards of a --shard i/N split although some are missing (by default an incomplete "
-                        "set is refused, naming the missing shards); the merged run records it, and the card of a "
-                        "dataset built from it says so. Merging the missing ones into --out later completes it")
-    p.set_defaults(func=cmd_merge)
