@@ -76,7 +76,8 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
     configs = tuple(configs)
     unknown = [c for c in configs if c not in CONFIG_NAMES]
     if unknown or not configs:
-        raise BuildError(f"unknown config(s) {unknown}; choose from {', '.join(CONFIG_NAMES)}")
+        raise BuildError(f"unknown config(s) {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(CONFIG_NAMES)} (--configs)")
     if not 0 <= test_fraction < 1:
         raise BuildError(f"--test-fraction must be in [0, 1), not {test_fraction}")
     if num_proc < 1:

@@ -291,6 +291,7 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
     for key, title in (("errors", "Samples not scored"), ("judge_errors", "Failed judge calls")):
         if summary["failure_reasons"][key]:
             lines += [f"## {title}: top reasons", "", *(f"- {r['samples']:,} × {r['reason']}"
+                                                        + (f" (e.g. {r['example']})" if r.get("example") else "")
                                                         for r in summary["failure_reasons"][key]), ""]
     (out / REPORT).write_text("\n".join(lines), encoding="utf-8")
     return summary

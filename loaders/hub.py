@@ -106,5 +106,5 @@ def _check_columns(ds, config: str, where) -> None:
     for part in parts:
         missing = expected - set(part.features or {})
         if missing:
-            raise ValueError(f"{where} ({config}) lacks the columns {sorted(missing)}: not a medbanana {config} "
+            raise ValueError(f"{where} ({config}) lacks the columns {', '.join(sorted(missing))}: not a medbanana {config} "
                              "config, or one written by an older medbanana; rebuild it with `medbanana build`")
