@@ -52,13 +52,14 @@ def register(subparsers) -> None:
     upload = subparsers.add_parser(
         "upload", help="upload a built dataset folder to the Hugging Face Hub",
         description="Check the folder's SHA256SUMS, create the dataset repository if needed and publish the folder "
-                    "with huggingface_hub: the data files that differ from the repository's first (possibly in "
-                    "several commits), then README.md, medbanana-build.json and SHA256SUMS in one final commit that "
-                    "also deletes the repository's files of this dataset the manifest no longer lists (*.parquet "
-                    "under the config folders, figure3.png); other files in the repository are kept. An "
-                    "interrupted upload leaves the previous card in place; run it again to resume. Nothing is sent "
-                    "when the repository already holds exactly these files. The token comes from HF_TOKEN or `hf "
-                    "auth login`; HF_ENDPOINT selects the server.")
+                    "with huggingface_hub in ONE commit: the data files that differ from the repository's are "
+                    "uploaded ahead (no revision names them yet), then a single commit adds them with README.md, "
+                    "medbanana-build.json and SHA256SUMS and deletes the repository's files of this dataset the "
+                    "manifest no longer lists (*.parquet under the config folders, figure3.png); other files in the "
+                    "repository are kept. A reader sees the previous revision or the new one, never a mix. An "
+                    "interrupted upload leaves the published dataset as it was; run it again to resume (content "
+                    "already uploaded is not sent again). Nothing is sent when the repository already holds exactly "
+                    "these files. The token comes from HF_TOKEN or `hf auth login`; HF_ENDPOINT selects the server.")
     upload.add_argument("folder", type=Path, metavar="DIR", help="a folder made by `medbanana build`")
     upload.add_argument("repo_id", metavar="REPO_ID", help="dataset repository, e.g. my-org/medbanana-50k")
     visibility = upload.add_mutually_exclusive_group()
