@@ -9,11 +9,14 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
+from .generation.commands.generate import add_run_options, whole_number
 from .generation.files import atomic_write_json
 from .generation.rundir import layout
-from .generation.runners.generate import generate
-from .generation.runners.local import RunOptions, RunSummary
-from .generation.commands.generate import add_run_options, whole_number
+
+if TYPE_CHECKING:
+    from .generation.runners.local import RunSummary
 
 MIN_SIZE = 64  # the phantoms' anatomy and lesions are drawn in proportion; below this they are a few pixels
 
@@ -27,6 +30,8 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
     Rerunning on the same OUT resumes; other source options (--normal, --diseased, --size) than the folder was made
     with are refused (ValueError), since its sources are kept and the run would silently be the old one."""
     from .generation.backends.simulator.phantoms import write_demo_sources
+    from .generation.runners.generate import generate  # here: every command's parser imports this module
+    from .generation.runners.local import RunOptions
 
     out = Path(out)
     sources, run_dir = out / "sources", out / "run"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..records import DEFAULT_MAX_PIXELS
@@ -110,6 +111,48 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args) -> int:
+    if args.executor != "ray" and (args.shards or args.ray_address or args.ray_gpus_per_shard):
+        print("medbanana generate: --shards, --ray-address and --ray-gpus-per-shard go with --executor ray",
+              file=sys.stderr)
+        return 2
+    if args.drop_missing_sources and not args.retry_failed:
+        print("medbanana generate: --drop-missing-sources ends tasks of a run being retried; give --retry-failed "
+              "RUN_DIR with it", file=sys.stderr)
+        return 2
+    if args.retry_failed and args.out is not None and Path(args.out).resolve() != Path(args.retry_failed).resolve():
+        print(f"medbanana generate: --retry-failed writes into {args.retry_failed}; leave out --out {args.out}",
+              file=sys.stderr)
+        return 2
+    out = args.retry_failed or args.out
+    if out is None or (args.sources is None and not args.retry_failed):
+        print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
+        return 2
+    with run_dir_lock(Path(out), create=not args.retry_failed):
+        return _generate(args, Path(out))
+
+
+@contextmanager
+def run_dir_lock(out: Path, create: bool = True):
+    """OUT's lock for the whole command, taken before anything slow (importing the backends, scanning the sources,
+    making the clients), so that a second writer is refused at once; lent to the run, which locks OUT again. With
+    `create` False (a retry) a folder that does not exist is not made: the run's own check says what is wrong. A
+    folder made here and left empty (a command refused on its options) is removed again."""
+    from ..rundir.lock import hold_lock, lend
+
+    if not create and not out.is_dir():
+        yield
+        return
+    made = not out.exists()
+    try:
+        with hold_lock(out, "run directory") as lock, lend(lock):
+            yield
+    finally:
+        if made:
+            with suppress(OSError):  # not empty: the run wrote into it
+                out.rmdir()
+
+
+def _generate(args, out: Path) -> int:
     import warnings
 
     from PIL import Image
@@ -122,22 +165,8 @@ def cmd_generate(args) -> int:
 
     # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
-
-    if args.executor != "ray" and (args.shards or args.ray_address or args.ray_gpus_per_shard):
-        print("medbanana generate: --shards, --ray-address and --ray-gpus-per-shard go with --executor ray",
-              file=sys.stderr)
-        return 2
-    sources, out = args.sources, args.out
-    if args.drop_missing_sources and not args.retry_failed:
-        print("medbanana generate: --drop-missing-sources ends tasks of a run being retried; give --retry-failed "
-              "RUN_DIR with it", file=sys.stderr)
-        return 2
+    sources = args.sources
     if args.retry_failed:  # the run's recorded selection is used, and checked against any given (pipeline.py)
-        if out is not None and Path(out).resolve() != Path(args.retry_failed).resolve():
-            print(f"medbanana generate: --retry-failed writes into {args.retry_failed}; leave out --out {out}",
-                  file=sys.stderr)
-            return 2
-        out = args.retry_failed
         recorded = run_config(out)
         if sources is None:
             sources = Path(recorded["sources_root"])
@@ -145,9 +174,6 @@ def cmd_generate(args) -> int:
     for name, default in RUN_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
-    if sources is None or out is None:
-        print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
-        return 2
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     # a project alone means Vertex AI; so does the SDK's own GOOGLE_GENAI_USE_VERTEXAI
     vertex = bool(args.vertex or args.vertex_project or args.vertex_location or VertexTarget.from_environment())
