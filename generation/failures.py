@@ -50,8 +50,10 @@ def elided(message: str) -> str:
 
     >>> elided("file not found: source /data/x/cxr-001.png; edited out/cxr-001.png")
     '/data/x/cxr-001.png, out/cxr-001.png'
+    >>> elided("/data/x/cxr-002.jpeg: not a readable image")
+    '/data/x/cxr-002.jpeg'
     """
-    paths = [m.group(0) for m in re.finditer(r"""[^\s'"<>;,()]*[/\\][^\s'"<>;,()]*""", str(message))
+    paths = [m.group(0).rstrip(":.") for m in re.finditer(r"""[^\s'"<>;,()]*[/\\][^\s'"<>;,()]*""", str(message))
              if _path_or_token(m) == "…"]
     return ", ".join(dict.fromkeys(paths))
 
