@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..records import DEFAULT_MAX_PIXELS
+from ..rundir.lock import hold_for_command
 from ..taxonomy import DIRECTIONS, load_taxonomy
 
 
@@ -127,29 +127,8 @@ def cmd_generate(args) -> int:
     if out is None or (args.sources is None and not args.retry_failed):
         print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
         return 2
-    with run_dir_lock(Path(out), create=not args.retry_failed):
+    with hold_for_command(Path(out), "run directory", create=not args.retry_failed):
         return _generate(args, Path(out))
-
-
-@contextmanager
-def run_dir_lock(out: Path, create: bool = True):
-    """OUT's lock for the whole command, taken before anything slow (importing the backends, scanning the sources,
-    making the clients), so that a second writer is refused at once; lent to the run, which locks OUT again. With
-    `create` False (a retry) a folder that does not exist is not made: the run's own check says what is wrong. A
-    folder made here and left empty (a command refused on its options) is removed again."""
-    from ..rundir.lock import hold_lock, lend
-
-    if not create and not out.is_dir():
-        yield
-        return
-    made = not out.exists()
-    try:
-        with hold_lock(out, "run directory") as lock, lend(lock):
-            yield
-    finally:
-        if made:
-            with suppress(OSError):  # not empty: the run wrote into it
-                out.rmdir()
 
 
 def _generate(args, out: Path) -> int:
