@@ -82,7 +82,20 @@ def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
     return paths
 
 
+INTERRUPTED = "interrupted: finished tasks are kept; run the same command again to resume"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The `medbanana` command: its exit code. Ctrl-C at any moment, while the parser's modules are imported too,
+    is one line and exit code 130 (the command's child processes ignore it: generation/interrupts.py)."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -110,9 +123,6 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc.filename, (str, bytes, PathLike)):
             return _one_line(args.command, exc)
         return _traceback()
-    except KeyboardInterrupt:
-        print("interrupted: finished tasks are kept; run the same command again to resume", file=sys.stderr)
-        return 130
     except Exception:
         return _traceback()
 

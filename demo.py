@@ -8,13 +8,15 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from .generation.commands.generate import add_run_options, whole_number
 from .generation.destinations import MANIFEST, SYNTHETIC, manifest_row
 from .generation.files import atomic_write_bytes, atomic_write_json
 from .generation.rundir import layout
-from .generation.runners.generate import generate
-from .generation.runners.local import RunOptions, RunSummary
-from .generation.commands.generate import add_run_options, whole_number
+
+if TYPE_CHECKING:
+    from .generation.runners.local import RunSummary
 
 MIN_SIZE = 64  # the phantoms' anatomy and lesions are drawn in proportion; below this they are a few pixels
 
@@ -28,12 +30,17 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
     Rerunning on the same OUT resumes; other source options (--normal, --diseased, --size) than the folder was made
     with are refused (ValueError), since its sources are kept and the run would silently be the old one."""
     from .generation.backends.simulator.phantoms import write_demo_sources
+    from .generation.runners.generate import generate  # here: every command's parser imports this module
+    from .generation.runners.local import RunOptions
 
     out = Path(out)
     sources, run_dir = out / "sources", out / "run"
     manifest = sources / layout.SOURCES_MANIFEST
     demo = {"n_normal": n_normal, "n_diseased": n_diseased, "size": size}
+    _check_out(out)
     _check_same_demo(run_dir, demo)
+    if not (out / MARK).exists():  # first, so that a demo interrupted at once is still one this command resumes
+        atomic_write_json(out / MARK, {"made_by": "medbanana demo", **demo})
     if not manifest.exists():  # a rerun resumes on the same sources
         provenance = write_demo_sources(sources, n_normal=n_normal, n_diseased=n_diseased, size=size, seed=seed)
         atomic_write_json(manifest, provenance)
@@ -57,6 +64,24 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
 
 
 _DEMO_OPTIONS = {"n_normal": "--normal", "n_diseased": "--diseased", "size": "--size"}
+MARK = "medbanana-demo.json"  # what makes a folder the demo's own: it writes into no other non-empty one
+
+
+def _check_out(out: Path) -> None:
+    """--out is new, empty, or a demo's (its MARK; before there was one, its run's or sources' demo records): a
+    ValueError otherwise, since the demo would write its folders among the user's files."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(f"--out {out} is not a folder; choose a new one")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not held or (out / MARK).is_file() or (out / "sources" / layout.SOURCES_MANIFEST).is_file():
+        return
+    try:
+        made = json.loads((out / "run" / layout.RUN_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        made = None
+    if not (isinstance(made, dict) and made.get("demo")):
+        raise ValueError(f"--out {out} is not empty ({len(held)} entr{'y' if len(held) == 1 else 'ies'}, e.g. "
+                         f"{held[0]}) and was not made by `medbanana demo`; give a new or empty folder")
 
 
 def _check_same_demo(run_dir: Path, demo: dict) -> None:
@@ -88,7 +113,9 @@ def register(sub) -> None:
                                    "the full refinement loop with the offline simulator, and write DIR/sources, "
                                    "DIR/run (the Med-Banana layout) and DIR/dataset (the Hugging Face dataset "
                                    "folder, all five configs). Rerunning on the same DIR resumes.")
-    p.add_argument("--out", type=Path, required=True, help="output folder (created)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output folder: new or empty (an earlier demo's folder resumes it; any other non-empty "
+                        "folder is refused)")
     p.add_argument("--normal", type=partial(whole_number, minimum=0), default=2,
                    help="normal sources per modality (add tasks; default 2)")
     p.add_argument("--diseased", type=partial(whole_number, minimum=0), default=1,

@@ -24,7 +24,7 @@ def register(sub) -> None:
                     "detailed_prompt, previous_image, changed_image, previous_mask, url}]}) and PNG images "
                     "previous/<id>.png (the source), changed/<id>.png (the accepted edit) and previous_mask/<id>.png "
                     "(the row's edit_mask, else its region_mask; white = region of interest), one sample per sft "
-                    "row, numbered in order; each sample keeps its medbanana uid. Rows without a source image, an "
+                    "row of --split (default test), numbered in order; each sample keeps its medbanana uid. Rows without a source image, an "
                     "edit or a mask are skipped, counted by reason on stderr and listed in "
                     "editing/medbanana-export.json. DIR plays MedEBench's repository root: its scripts then find "
                     "the metadata at DIR/editing/editing_metadata.json and the images beside it.")
@@ -32,7 +32,10 @@ def register(sub) -> None:
     medebench.add_argument("--out", required=True, type=Path, metavar="DIR",
                            help="output folder: new or empty (with --force, any folder, e.g. a MedEBench checkout: "
                                 "its editing/ is replaced when the export is complete, the rest is kept)")
-    medebench.add_argument("--split", metavar="SPLIT", help="export this split only, e.g. test (default: every split)")
+    medebench.add_argument("--split", metavar="SPLIT", default="test",
+                           help="the split to export (default test: a benchmark scores held-out rows; a dataset "
+                                "built without --test-fraction has none, so that is refused with the fix; "
+                                "--split train exports the training rows)")
     medebench.add_argument("--source-images", type=Path, metavar="DIR",
                            help="source images for a dataset built without them (as `build --source-images`)")
     medebench.add_argument("--force", action="store_true",

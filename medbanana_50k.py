@@ -66,7 +66,7 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
                 source = None
                 if sources is not None and with_images:
                     source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
-                                                 task.source_path)
+                                                 task.source_path, task.source_sha256)
                 masks = (row_masks(task, images, source, confined, folders, rejections=rejections)
                          if config in MASK_CONFIGS else None)
                 for row in ROW_ITERATORS[config](task, images, source, masks):

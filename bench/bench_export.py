@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, help="a built dataset (default: build a demo one in a temp folder)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--split", default="train",
+                        help="the split exported (default train: the demo dataset has no test split)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
         dataset = args.dataset
@@ -48,8 +50,9 @@ def main() -> None:
             for n in args.workers:
                 out = Path(tmp) / f"out-{n}-{repeat}"
                 start = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "medbanana", "export", "medebench", str(dataset), "--out",
-                                str(out), "-q", "--workers", str(n)], check=True, stdout=subprocess.DEVNULL)
+                subprocess.run([sys.executable, "-m", "medbanana", "export", "medebench", str(dataset), "--split",
+                                args.split, "--out", str(out), "-q", "--workers", str(n)], check=True,
+                               stdout=subprocess.DEVNULL)
                 seconds[n].append(time.perf_counter() - start)
                 report = json.loads((out / "editing" / "medbanana-export.json").read_text())
                 rows = report["exported"]

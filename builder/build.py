@@ -29,8 +29,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..generation.acceptance import rule_option
+from ..generation.interrupts import children_ignore_sigint
 from .acceptance import acceptance_note, expert_approval, policy_labels, recorded_rules, review_labels
-from .card import build_info, coerced_note, md_escape, refused_note, render_card
+from .card import build_info, coerced_note, md_escape, partial_note, refused_note, render_card
 from .features import CONFIG_FEATURES, CONFIG_NAMES, REVIEW_CONFIG
 from .manifest import write_manifest
 from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, remove_stale_staging,
@@ -40,8 +41,8 @@ from .parquet import ConfigSchema, finalize_shards
 from .partition import PartitionSpec, error_line, partition_worker, build_partition
 from .reviews import open_reviews, reviewed_uids, write_reviews
 from .rows import IMAGE_CONFIGS
-from .runs import (Unit, discover_units, recorded_destinations, recorded_max_rounds, recorded_signing, task_keys,
-                   unit_size)
+from .runs import (Unit, discover_units, recorded_destinations, recorded_max_rounds, recorded_partial, recorded_signing,
+                   task_keys, unit_size)
 from .safety import POLICIES, Refused
 from .sources import SourceIndex
 from .stats import BuildStats
@@ -78,7 +79,8 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
     configs = tuple(configs)
     unknown = [c for c in configs if c not in CONFIG_NAMES]
     if unknown or not configs:
-        raise BuildError(f"unknown config(s) {unknown}; choose from {', '.join(CONFIG_NAMES)}")
+        raise BuildError(f"unknown config(s) {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(CONFIG_NAMES)} (--configs)")
     if not 0 <= test_fraction < 1:
         raise BuildError(f"--test-fraction must be in [0, 1), not {test_fraction}")
     if num_proc < 1:
@@ -130,8 +132,10 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             files, final_digests = _finalize(staging, configs, splits, digests)
             figure = _draw_figure(stats, staging / FIGURE)
             sent = {run_dir.name: recorded_destinations(run_dir) for run_dir in _whole_runs(units)}
+            partial = {run_dir.name: shards for run_dir in _whole_runs(units)
+                       if (shards := recorded_partial(run_dir)) is not None}
             info = build_info(units, configs, splits, files, stats, test_fraction, max_shard_bytes, sources,
-                               figure, unsafe, sent)
+                              figure, unsafe, sent, partial)
             info.update({"reviews": reviewed} if reviewed else {})
             approval = expert_approval(stats, labels) if labels else None
             recorded = recorded_rules(_whole_runs(units))
@@ -140,7 +144,7 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
             (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
             note = (f"Built by medbanana {info['medbanana_version']} with datasets {info['datasets_version']}; "
                     f"statistics in {BUILD_INFO}, checksums in SHA256SUMS (`medbanana verify`).{refused_note(stats)}"
-                    f"{coerced_note(stats)}")
+                    f"{coerced_note(stats)}{partial_note(partial)}")
             card = render_card(stats, list(configs), {c: list(f) for c, f in files.items()},
                                max_rounds=max_rounds, test_fraction=test_fraction,
                                sources=sources, build_note=note, figure=figure,
@@ -253,8 +257,9 @@ def _run_partitions(specs: list[PartitionSpec], quiet: bool) -> tuple[BuildStats
         ctx = multiprocessing.get_context("spawn")  # pyarrow's thread pools do not survive fork
         messages = ctx.Queue()
         procs = [ctx.Process(target=partition_worker, args=(spec, messages), daemon=True) for spec in specs]
-        for proc in procs:
-            proc.start()
+        with children_ignore_sigint():  # Ctrl-C is this process's to handle: it ends the workers
+            for proc in procs:
+                proc.start()
         finished: dict[int, BuildStats] = {}
         try:
             while len(finished) < len(specs):

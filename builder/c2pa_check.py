@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..generation.interrupts import ignore_sigint
 from ..generation.rundir import layout, schema
 from ..generation.rundir.signing import (STATUSES, check_image, provenance_differences, reading_context,
                                          require_c2pa)
@@ -154,8 +155,10 @@ def run_records(run_dir: Path) -> dict[str, dict] | None:
 _context = None
 
 
-def _init_worker(trust_pem: bytes | None) -> None:
+def _init_worker(trust_pem: bytes | None, in_pool: bool = False) -> None:
     global _context
+    if in_pool:  # Ctrl-C is the parent's to handle
+        ignore_sigint()
     _context = (reading_context(trust_pem), trust_pem is not None)
 
 
@@ -179,7 +182,7 @@ def verify_c2pa(images, *, trust: Path | None = None, workers: int | None = None
     checked: dict[str, tuple] = {}  # digest -> (status, failure codes, signed provenance)
     waiting: dict[str, list[tuple[int, str, object]]] = {}  # digest in flight -> its rows (index, where, expected)
     named: dict[str, list[tuple[int, str]]] = defaultdict(list)  # status -> (index, where) of rows not valid
-    pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(trust_pem,)) if workers > 1 else None
+    pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(trust_pem, True)) if workers > 1 else None
     if pool is None:
         _init_worker(trust_pem)
     in_flight: deque = deque()

@@ -298,6 +298,17 @@ def destinations_note(by_run: dict[str, list | None]) -> str:
             + "\n".join(rows) + (f"\n\n{note}" if note else ""))
 
 
+def partial_note(partial: dict[str, dict]) -> str:
+    """The card's sentence on runs merged from an incomplete set of shards (`merge --partial`; empty when none):
+    `partial` maps a run's name to its `{"of": N, "merged": [i, ...]}`."""
+    if not partial:
+        return ""
+    runs = "; ".join(f"{md_escape(name)} holds shards {', '.join(map(str, s['merged'])) or 'none'} of {s['of']}"
+                     for name, s in sorted(partial.items()))
+    return (f" **Partial:** built from run(s) merged from an incomplete set of shards (`medbanana merge --partial`): "
+            f"{runs}; the tasks of the missing shards are not in this build.")
+
+
 def refused_note(stats: BuildStats) -> str:
     """The card's sentence on inputs left out under `--unsafe skip` (empty when none were)."""
     if not stats.refusals:
@@ -322,7 +333,8 @@ def coerced_note(stats: BuildStats) -> str:
 
 
 def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, max_shard_bytes,
-               sources: dict | None, figure: str | None, unsafe: str = "error", destinations=None) -> dict:
+               sources: dict | None, figure: str | None, unsafe: str = "error", destinations=None,
+               partial: dict | None = None) -> dict:
     """What medbanana-build.json holds: versions, runs, options, rows and files per config, statistics."""
     import datasets
 
@@ -336,6 +348,7 @@ def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, 
             # claimed only when every task got its source; `sources` counts them (null: none were asked for)
             "sources_attached": sources is not None and 0 < sources["matched"] == sources["total"],
             "sources": sources, "figure": figure, "unsafe": unsafe, "destinations": destinations or {},
+            "partial_runs": partial or {},  # run name -> the shards it holds, for runs merged with --partial
             "mask_method": MASK_METHOD if stats.mask_origins[STORED] or stats.mask_origins[COMPUTED] else None,
             "configs": {c: {s: {"rows": stats.rows[(c, s)], "files": files.get(c, {}).get(s, [])} for s in splits}
                         for c in configs},

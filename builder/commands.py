@@ -60,13 +60,14 @@ def register(subparsers) -> None:
     upload = subparsers.add_parser(
         "upload", help="upload a built dataset folder to the Hugging Face Hub",
         description="Check the folder's SHA256SUMS, create the dataset repository if needed and publish the folder "
-                    "with huggingface_hub: the data files that differ from the repository's first (possibly in "
-                    "several commits), then README.md, medbanana-build.json and SHA256SUMS in one final commit that "
-                    "also deletes the repository's files of this dataset the manifest no longer lists (*.parquet "
-                    "under the config folders, figure3.png); other files in the repository are kept. An "
-                    "interrupted upload leaves the previous card in place; run it again to resume. Nothing is sent "
-                    "when the repository already holds exactly these files. The token comes from HF_TOKEN or `hf "
-                    "auth login`; HF_ENDPOINT selects the server.")
+                    "with huggingface_hub in ONE commit: the data files that differ from the repository's are "
+                    "uploaded ahead (no revision names them yet), then a single commit adds them with README.md, "
+                    "medbanana-build.json and SHA256SUMS and deletes the repository's files of this dataset the "
+                    "manifest no longer lists (*.parquet under the config folders, figure3.png); other files in the "
+                    "repository are kept. A reader sees the previous revision or the new one, never a mix. An "
+                    "interrupted upload leaves the published dataset as it was; run it again to resume (content "
+                    "already uploaded is not sent again). Nothing is sent when the repository already holds exactly "
+                    "these files. The token comes from HF_TOKEN or `hf auth login`; HF_ENDPOINT selects the server.")
     upload.add_argument("folder", type=Path, metavar="DIR", help="a folder made by `medbanana build`")
     upload.add_argument("repo_id", metavar="REPO_ID", help="dataset repository, e.g. my-org/medbanana-50k")
     visibility = upload.add_mutually_exclusive_group()
@@ -117,7 +118,10 @@ def run_build(args) -> int:
         for config, splits in info["configs"].items():
             counts = ", ".join(f"{split} {v['rows']:,} rows in {len(v['files'])} file(s)" for split, v in splits.items())
             print(f"  {config:<14} {counts}")
-    _report_sources(info["sources"], args.quiet)
+    _report_sources(info["sources"], args.quiet, info["configs"])
+    for name, shards in info.get("partial_runs", {}).items():
+        print(f"warning: run {name} holds {len(shards['merged'])} of {shards['of']} shards (`merge --partial`): the "
+              "tasks of the others are not in this build; its card says so", file=sys.stderr)
     for name, review in info.get("reviews", {}).items():
         if review["left_out"]:
             print(f"warning: review {name}: {review['left_out']} of {review['answers']} answers are about tasks "
@@ -160,9 +164,16 @@ def _report_acceptance(acceptance: dict, quiet: bool) -> None:
                   f"{estimate['high']:.1%}) from {approval['labels']} expert label(s)")
 
 
-def _report_sources(sources: dict | None, quiet: bool) -> None:
-    """--source-images' count, as the card and medbanana-build.json give it; a partial match is a warning."""
+def _report_sources(sources: dict | None, quiet: bool, configs) -> None:
+    """--source-images' count, as the card and medbanana-build.json give it; a partial match is a warning. Without
+    --source-images, one line says that source_image is null and how to attach the sources."""
+    from .rows import IMAGE_CONFIGS
+
     if sources is None:
+        if set(configs) & IMAGE_CONFIGS:
+            print("note: source_image is null in every row (runs do not hold their sources); to attach them, build "
+                  "again with --source-images DIR (the folder `generate --sources` read), or fill a loaded dataset "
+                  "with medbanana.loaders.attach_sources(ds, DIR)", file=sys.stderr)
         return
     matched, total = sources["matched"], sources["total"]
     if matched < total:

@@ -77,7 +77,7 @@ CONFIG_FEATURES: dict[str, Features] = {
     }),
     "dpo_pairs": Features({
         **IDENTITY,
-        "prompt": Value("string"),  # canonical instruction of the task, e.g. "Add pleural effusion to this chest X-ray."
+        "prompt": Value("string"),  # the task sentence, e.g. "Add a pleural effusion to this chest X-ray."
         "history": List(HISTORY_ITEM),  # the attempts before the rejected one, oldest first
         "source_image": Image(),
         "chosen_image": Image(),

@@ -117,7 +117,7 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
             source = None
             if sources is not None:
                 source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
-                                             task.source_path)
+                                             task.source_path, task.source_sha256)
             images = load_images(task, confined)
             origins: Counter = Counter()
             rejections = Rejections()

@@ -52,18 +52,14 @@ def split_of(source_id: str, test_fraction: float) -> str:
 
 
 def canonical_prompt(task: TaskRecord) -> str:
-    """The task in one sentence, e.g. "Add Pleural Effusion to this chest X-ray."."""
+    """The task in one sentence, e.g. "Add a pleural effusion to this chest X-ray."."""
     return canonical_instruction(task.disease, task.modality, task.direction)
 
 
 @lru_cache(maxsize=1024)
 def canonical_instruction(disease: str, modality: str | None, direction: str) -> str:
     """`canonical_prompt` from the task's fields (a row's, for readers of a built dataset)."""
-    taxonomy = load_taxonomy()
-    label = taxonomy.find(disease, modality)
-    name = label.name if label else disease.replace("_", " ")
-    where = taxonomy.modalities[modality].display if modality in taxonomy.modalities else "image"
-    return f"Add {name} to this {where}." if direction == "add" else f"Remove {name} from this {where}."
+    return load_taxonomy().task_sentence(disease, modality, direction)
 
 
 def identity(task: TaskRecord) -> dict:

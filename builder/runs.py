@@ -247,6 +247,20 @@ def recorded_destinations(run_dir: Path) -> list[dict] | None:
     return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, list) else None
 
 
+def recorded_partial(run_dir: Path) -> dict | None:
+    """`{"of": N, "merged": [i, ...]}` when the run is a `merge --partial` of some of the shards of a `--shard i/N`
+    split (medbanana-run.json's `partial` and `shards`), None otherwise or when it records nothing readable."""
+    try:
+        config = schema.read_run_config(run_dir) or {}
+    except (ValueError, OSError):  # linked out, not a run configuration, unreadable: nothing to say
+        return None
+    shards = config.get("shards")
+    if config.get("partial") is not True or not isinstance(shards, dict) or not isinstance(shards.get("of"), int):
+        return None
+    merged = [i for i in shards.get("merged") or () if isinstance(i, int)]
+    return {"of": shards["of"], "merged": merged}
+
+
 def block_of(items: list, part: int, parts: int) -> list:
     return items[len(items) * part // parts: len(items) * (part + 1) // parts]
 

@@ -22,6 +22,7 @@ OUTSIDE = "outside its root"  # kinds of refusal, as counted in the build's stat
 NOT_IMAGE = "not an image"
 MALFORMED = "malformed entry"
 INCONSISTENT = "inconsistent entry"  # well-formed, but its files disagree (a success whose accepted edit failed, ...)
+SOURCE_MISMATCH = "not the run's source"  # a --source-images file whose SHA-256 is not the one the run recorded
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -12,11 +12,13 @@ goes through `layout.inside` before it is read; its bytes must be a JPEG or PNG 
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from pathlib import Path
 
 from ..generation.rundir.layout import IMAGE_SUFFIXES
-from .safety import Confined, inside
+from .safety import SOURCE_MISMATCH, Confined, Refused, inside
 
 
 class SourceIndex:
@@ -35,6 +37,7 @@ class SourceIndex:
                     rel = os.path.relpath(os.path.join(folder, name), self.root).replace(os.sep, "/")
                     self._by_stem.setdefault(stem, []).append(rel)
         self._confined = Confined()
+        self._digests: dict[tuple[str, int], str] = {}
 
     def __len__(self) -> int:
         """Image files in the folder."""
@@ -50,13 +53,29 @@ class SourceIndex:
         return inside(self.root, rel, _looked_up(dataset, direction, disease, source_id))
 
     def image_value(self, dataset: str | None, direction: str | None, disease: str | None, source_id: str,
-                    source_path: str | None = None) -> dict | None:
+                    source_path: str | None = None, sha256: str | None = None) -> dict | None:
         """`{"bytes", "path"}` for a datasets Image column: the file's bytes as they are, or None. Raises
-        `safety.Refused` when the file leads outside the folder or is not a JPEG or PNG image."""
+        `safety.Refused` when the file leads outside the folder or is not a JPEG or PNG image, or, given the
+        `sha256` the run recorded of the source it edited, when the file's content is another (SOURCE_MISMATCH:
+        e.g. the original download rather than the prepared source, at another size)."""
         rel = self._find(dataset, direction, disease, source_id, source_path)
         if rel is None:
             return None
-        return self._confined.read_image(self.root, rel, lambda: _looked_up(dataset, direction, disease, source_id))
+        value = self._confined.read_image(self.root, rel, lambda: _looked_up(dataset, direction, disease, source_id))
+        if sha256 and value is not None and self._sha256(rel, value["bytes"]) != sha256:
+            raise Refused(f"--source-images file {self.root / rel} is not the source the run edited for "
+                          f"{dataset}/{direction}/{source_id} ({disease}): {_described(value['bytes'])}, and its "
+                          f"SHA-256 differs from the run's record of that source; give --source-images the folder "
+                          "the run read (`generate --sources`, e.g. a `prepare --out` folder), not the original "
+                          "download", SOURCE_MISMATCH)
+        return value
+
+    def _sha256(self, rel: str, data: bytes) -> str:
+        """The SHA-256 of the file `rel` read as `data`, hashed once: an add task's source serves every target."""
+        digest = self._digests.get((rel, len(data)))  # one lookup: reader threads share the index
+        if digest is None:
+            digest = self._digests[(rel, len(data))] = hashlib.sha256(data).hexdigest()
+        return digest
 
     def _find(self, dataset, direction, disease, source_id, source_path) -> str | None:
         candidates = self._by_stem.get(source_id, [])
@@ -86,6 +105,17 @@ def looked_for(dataset: str | None, direction: str | None, disease: str | None, 
     class_dir = "normal" if direction == "add" else disease
     layout = f"{dataset}/.../{class_dir}/{names}" if dataset else f"{class_dir}/{names}"
     return (f"{source_path} or " if source_path else "") + f"{layout}, or a single {names} anywhere"
+
+
+def _described(data: bytes) -> str:
+    """"1200x1000 pixels, 245,301 bytes": what a refused source is, from its header only."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return f"{image.width}x{image.height} pixels, {len(data):,} bytes"
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return f"{len(data):,} bytes"
 
 
 def _looked_up(dataset, direction, disease, source_id) -> str:

@@ -172,13 +172,19 @@ def hub_failure(exc: BaseException, step: str, endpoint: str, repo_id: str) -> U
                            "token").format(repo=repo_id)
         return UploadError(_one_line(f"{step} failed: {endpoint} answered HTTP {code}"
                                      f"{f' ({said})' if said else ''}; check {check}"))
-    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.split(".")[0] in _NETWORK_MODULES:
+    if unreachable(exc):
         return UploadError(_one_line(f"{step} failed: could not reach {endpoint} ({type(exc).__name__}: {exc}); "
                                      "check HF_ENDPOINT and the network (proxy, firewall)"))
     if _raised_in_huggingface_hub(exc):  # an answer the client could not read: the endpoint's doing, not a bug here
         return UploadError(_one_line(f"{step} failed: {endpoint} gave an answer huggingface_hub cannot read "
                                      f"({type(exc).__name__}: {exc}); check that HF_ENDPOINT is a Hugging Face Hub"))
     return None
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether `exc` says the endpoint was not reached (refused, unresolved, timed out), whatever HTTP stack
+    huggingface_hub used."""
+    return isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.split(".")[0] in _NETWORK_MODULES
 
 
 def _raised_in_huggingface_hub(exc: BaseException) -> bool:

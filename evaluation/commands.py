@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..generation import backends
 from ..generation.rundir.lock import hold_lock
-from .failures import eval_exit_code
+from .failures import eval_exit_code, first_time
 from .sent import check_judge_destination
 
 INPUT_HELP = ("an evaluation folder (samples.jsonl or samples.csv; see evaluation/inputs.py), a folder made by "
@@ -283,7 +283,7 @@ def _evaluate_into_out(args, samples, attempts: str) -> int:
     summary = evaluate(samples, args.out, settings=settings, options=options, judge=judge)
     print(summary_line(summary))
     for note in summary["notes"]:
-        if note.startswith("LPIPS"):
+        if note.startswith("LPIPS") and first_time(note):  # once per machine; report.md keeps it every time
             print(note, file=sys.stderr)
     if args.attention or args.attention_run:
         _report_attention(args, _samples(args, attempts))

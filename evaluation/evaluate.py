@@ -296,6 +296,7 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
     for key, title in (("errors", "Samples not scored"), ("judge_errors", "Failed judge calls")):
         if summary["failure_reasons"][key]:
             lines += [f"## {title}: top reasons", "", *(f"- {r['samples']:,} × {r['reason']}"
+                                                        + (f" (e.g. {r['example']})" if r.get("example") else "")
                                                         for r in summary["failure_reasons"][key]), ""]
     atomic_write_text(out / REPORT, "\n".join(lines))
     return summary

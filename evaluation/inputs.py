@@ -372,7 +372,9 @@ def with_model_edit(sample: Sample, edits: Path) -> Sample:
         if path.is_file():
             found = path
             break
-    problem = sample.problem or refused or (None if found else f"no model output {edits}/{uid}.(png|jpg|jpeg)")
+    first, *others = IMAGE_SUFFIXES
+    problem = sample.problem or refused or (None if found else f"no model output {edits / uid}{first} (nor "
+                                            f"{', '.join(others)}) in --edits")
     return Sample(id=sample.id, dataset=sample.dataset, modality=sample.modality, disease=sample.disease,
                   direction=sample.direction, instruction=sample.instruction, source=sample.source, edited=found,
                   ground_truth=sample.edited, problem=problem, edit_mask=sample.edit_mask,

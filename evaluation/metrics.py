@@ -52,6 +52,7 @@ SSIM_WINDOW = 7  # scikit-image's default
 PSNR_IDENTICAL = 100.0
 LPIPS_SIZE = 256
 ALEXNET_CHECKPOINT = "alexnet-owt-7be5be79.pth"  # torchvision's ImageNet AlexNet, LPIPS's backbone
+ALEXNET_URL = f"https://download.pytorch.org/models/{ALEXNET_CHECKPOINT}"  # where torchvision itself fetches it
 CP_UNDEFINED = "no 7x7 SSIM window lies wholly outside the ROI (a full or nearly full mask)"  # why CP is None
 
 
@@ -199,14 +200,17 @@ class LPIPSMetric:
             import lpips
             import torch
         except ImportError as exc:
-            raise LPIPSUnavailable(f"LPIPS not computed: {exc.name} is not installed (pip install lpips torch "
-                                   "torchvision, then put the AlexNet weights in the torch hub cache)") from None
-        needed = [Path(torch.hub.get_dir()) / "checkpoints" / ALEXNET_CHECKPOINT,
-                  Path(lpips.__file__).parent / "weights" / "v0.1" / "alex.pth"]
+            raise LPIPSUnavailable(f"LPIPS not computed: {exc.name} is not installed. It needs `pip install lpips "
+                                   "torch torchvision` (in no medbanana extra: lpips ships only its linear layers, "
+                                   "its AlexNet is torchvision's ImageNet weights, which medbanana never downloads) "
+                                   f"and {ALEXNET_URL} saved in torch's hub cache as checkpoints/{ALEXNET_CHECKPOINT}; "
+                                   "--no-lpips skips it") from None
+        hub = Path(torch.hub.get_dir()) / "checkpoints"
+        needed = [hub / ALEXNET_CHECKPOINT, Path(lpips.__file__).parent / "weights" / "v0.1" / "alex.pth"]
         missing = [str(p) for p in needed if not p.is_file()]
         if missing:
-            raise LPIPSUnavailable("LPIPS not computed: its weights are not on this machine (nothing is "
-                                   f"downloaded): missing {', '.join(missing)}")
+            raise LPIPSUnavailable(f"LPIPS not computed: missing {', '.join(missing)} (medbanana downloads nothing: "
+                                   f"save {ALEXNET_URL} into {hub}/ once); --no-lpips skips it")
         self._torch = torch
         self._model = lpips.LPIPS(net="alex", verbose=False).eval()
 

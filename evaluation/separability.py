@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..generation.interrupts import ignore_sigint
 from .inputs import ImageRef, Sample, image_bytes
 from .probe_cache import FeatureCache, content_digest, feature_key
 from .probe_embeddings import BATCH as EMBED_BATCH
@@ -69,9 +70,14 @@ def collect_images(samples: Iterable[Sample]) -> Iterator[ProbeImage]:
 _known_keys: frozenset[str] = frozenset()  # the cache's keys when extraction began, in each worker process
 
 
-def _know(keys: frozenset[str]) -> None:  # the pool's initializer
+def _know(keys: frozenset[str]) -> None:
     global _known_keys
     _known_keys = keys
+
+
+def _worker_knows(keys: frozenset[str]) -> None:  # the pool's initializer: Ctrl-C is the parent's to handle
+    ignore_sigint()
+    _know(keys)
 
 
 def _features_of(job: tuple[ImageRef, FeatureSettings]) -> tuple[str | None, str | None, tuple | str | None]:
@@ -106,7 +112,8 @@ def extract_features(images: Iterable[ProbeImage], settings: FeatureSettings, wo
     _know(known)
     kept: list[ProbeImage] = []
     feature_sets: list[list] = [[]] + ([[]] if embedder is not None else [])
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_know, initargs=(known,)) if workers > 1 else None
+    pool = (ProcessPoolExecutor(max_workers=workers, initializer=_worker_knows, initargs=(known,)) if workers > 1
+            else None)
     try:
         for chunk in _batched(images, CHUNK):
             jobs = [(image.ref, settings) for image in chunk]

@@ -11,7 +11,8 @@
   130  interrupted (Ctrl-C); finished work is kept.
 (`verify` has its own: 1 when a file does not match.)
 
-Failure messages name files and objects, so they are grouped by a form with paths and addresses left out.
+Failure messages name files and objects, so they are grouped by a form with paths and addresses left out; each
+reason printed names what its first message named (`e.g. /data/x/cxr-001.png`), so that a line says which file.
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ def reason_key(message: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def elided(message: str) -> str:
+    """What `reason_key` leaves out of `message`, in order (its paths), as one text: a reason's example.
+
+    >>> elided("file not found: source /data/x/cxr-001.png; edited out/cxr-001.png")
+    '/data/x/cxr-001.png, out/cxr-001.png'
+    >>> elided("/data/x/cxr-002.jpeg: not a readable image")
+    '/data/x/cxr-002.jpeg'
+    """
+    paths = [m.group(0).rstrip(":.") for m in re.finditer(r"""[^\s'"<>;,()]*[/\\][^\s'"<>;,()]*""", str(message))
+             if _path_or_token(m) == "…"]
+    return ", ".join(dict.fromkeys(paths))
+
+
 def _path_or_token(match: re.Match) -> str:
     # "and/or" and "image/png" are words; a path starts at a root, has two separators or ends in an extension
     token = match.group(0)
@@ -52,14 +66,24 @@ def _path_or_token(match: re.Match) -> str:
     return "…" if is_path else token
 
 
-def top_reasons(messages, n: int = TOP) -> list[tuple[str, int]]:
-    """The `n` most frequent reasons among `messages`, as (reason, count)."""
-    return Counter(reason_key(m) for m in messages if m).most_common(n)
+def top_reasons(messages, n: int = TOP) -> list[tuple[str, int, str]]:
+    """The `n` most frequent reasons among `messages`, as (reason, count, example: what the reason's first
+    message named, '' when it named nothing)."""
+    counts: Counter = Counter()
+    examples: dict[str, str] = {}
+    for message in messages:
+        if message:
+            key = reason_key(message)
+            counts[key] += 1
+            examples.setdefault(key, elided(message))
+    return [(reason, count, examples[reason]) for reason, count in counts.most_common(n)]
 
 
-def print_reasons(reasons: list[tuple[str, int]], *, total_kinds: int | None = None, stream=None) -> None:
+def print_reasons(reasons: list[tuple], *, total_kinds: int | None = None, stream=None) -> None:
+    """One line per (reason, count[, example]): the count, the reason, and what its first message named."""
     stream = stream or sys.stderr
-    for reason, count in reasons:
-        print(f"  {count:>6,}  {reason}", file=stream)
+    for reason, count, *example in reasons:
+        named = f" (e.g. {example[0]})" if example and example[0] else ""
+        print(f"  {count:>6,}  {reason}{named}", file=stream)
     if total_kinds is not None and total_kinds > len(reasons):
         print(f"  ({total_kinds - len(reasons)} more reasons)", file=stream)

@@ -24,6 +24,16 @@ class Label:
     signs: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     note: str = ""
+    phrase: str = ""  # how a sentence names one, e.g. "a pleural effusion", "pulmonary edema" (taxonomy.json)
+
+    def noun(self, direction: str) -> str:
+        """The finding as the task sentence names it: "a pleural effusion" to add, "the pleural effusion" to
+        remove (the display name, lower-cased unless an acronym, when taxonomy.json gives no phrase)."""
+        phrase = self.phrase or (self.name if self.name.isupper() else self.name.lower())
+        if direction == "add":
+            return phrase
+        article, _, rest = phrase.partition(" ")
+        return f"the {rest if article in ('a', 'an') and rest else phrase}"
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,18 @@ class Taxonomy:
     def is_normal_folder(self, name: str, modality: str) -> bool:
         label = self.find(name, modality)
         return _norm(name) == "normal" or (label is not None and not label.edit_target and label.signs == ())
+
+    def task_sentence(self, disease: str, modality: str | None, direction: str, where: str | None = None) -> str:
+        """The task in one sentence: "Add a pituitary tumor to this brain MRI.", "Remove the pleural effusion from
+        this chest X-ray." `where` defaults to the modality's display name; a disease the taxonomy does not know is
+        named by its folder name."""
+        label = self.find(disease, modality)
+        if where is None:
+            where = self.modalities[modality].display if modality in self.modalities else "image"
+        noun = label.noun(direction) if label else disease.replace("_", " ")
+        if direction == "add":
+            return f"Add {noun} to this {where}."
+        return f"Remove {noun if label else f'the {noun}'} from this {where}."
 
     def infer_modality(self, folder_name: str) -> str | None:
         """Modality from a source dataset folder name (mimic/chest -> chest_xray, brain/tumor -> brain_mri, ...)."""

@@ -16,11 +16,13 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
                    streaming: bool = False, decode_images: bool = True, **load_kwargs):
     """`datasets.load_dataset` for one medbanana config, with its schema checked.
 
-    `path_or_repo` is a folder written by `medbanana build` or a Hub dataset repo id. `split=None` gives every
-    split (a DatasetDict). A folder's rows are its own regular shard files alone (builder/dataset_folder.py: the
-    card's YAML never names a file, a link is refused; a refusal is a ValueError naming the file).
-    `decode_images=False` gives images as `{"bytes", "path"}` dicts: nothing is decoded, and `ds.map` passes the
-    bytes on as they are. Other keyword arguments go to `load_dataset` (e.g. `revision`).
+    `path_or_repo` is a folder written by `medbanana build` or a Hub dataset repo id (ORG/NAME: a bare name that is
+    no folder here is refused, and so, at once, is an id when the Hub cannot be reached, unless HF_HUB_OFFLINE
+    asks for datasets' cached copy). `split=None` gives every split (a DatasetDict). A folder's rows are its own
+    regular shard files alone (builder/dataset_folder.py: the card's YAML never names a file, a link is refused; a
+    refusal is a ValueError naming the file). `decode_images=False` gives images as `{"bytes", "path"}` dicts:
+    nothing is decoded, and `ds.map` passes the bytes on as they are. Other keyword arguments go to `load_dataset`
+    (e.g. `revision`).
     """
     if config not in CONFIG_FEATURES:
         raise ValueError(f"unknown config {config!r}; a medbanana dataset has {', '.join(PUBLISHED_CONFIGS)}")
@@ -31,6 +33,7 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
         raise FileNotFoundError(f"no dataset folder at {path_or_repo} ({local.resolve()}): give the folder written "
                                 "by `medbanana build`, or a Hub dataset repo id")
     else:
+        _check_hub_id(str(path_or_repo), load_kwargs.get("revision"))
         try:
             ds = datasets.load_dataset(str(path_or_repo), config, split=split, streaming=streaming, **load_kwargs)
         except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as exc:
@@ -41,6 +44,38 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
         for column in image_columns(config):
             ds = ds.cast_column(column, datasets.Image(decode=False))
     return ds
+
+
+HUB_TIMEOUT = 10  # seconds to wait for the Hub's answer about a dataset before saying it cannot be reached
+
+
+def _check_hub_id(name: str, revision: str | None) -> None:
+    """Refuse at once, in one message that says what to do, a name that is neither a folder here nor a dataset the
+    Hub can be asked about: without this, datasets would try the Hub five times (about 24 s) and then, offline,
+    hand back whatever copy it cached under that name earlier, without a word. With HF_HUB_OFFLINE set the user
+    asked for that cached copy, and gets it."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from ..builder.upload import unreachable
+
+    here = f"not a folder in {Path.cwd()}"
+    if "/" not in name:  # a Hub dataset id is ORG/NAME: a bare name can only have meant a folder
+        raise FileNotFoundError(f"{name!r} is {here}: give the path of the folder `medbanana build` wrote (e.g. "
+                                f"load_medbanana('/path/to/{name}')), or a Hub dataset id ORG/NAME")
+    if constants.HF_HUB_OFFLINE:
+        return
+    api = HfApi()
+    try:
+        api.dataset_info(name, revision=revision, timeout=HUB_TIMEOUT)
+    except RepositoryNotFoundError:
+        raise FileNotFoundError(f"{name!r} is {here}, nor a dataset on {api.endpoint} (or one this token may not "
+                                "read)") from None
+    except Exception as exc:  # anything else the Hub answers (a gated dataset, a 5xx) is datasets' to tell
+        if unreachable(exc):
+            raise ConnectionError(f"{name!r} is {here}, and {api.endpoint} cannot be reached to load it from the "
+                                  f"Hub ({type(exc).__name__}). A build loads by its folder's path; a copy datasets "
+                                  "cached earlier loads with HF_HUB_OFFLINE=1 set before Python starts") from None
 
 
 def to_pandas(ds):
@@ -112,5 +147,5 @@ def _check_columns(ds, config: str, where) -> None:
     for part in parts:
         missing = expected - set(part.features or {})
         if missing:
-            raise ValueError(f"{where} ({config}) lacks the columns {sorted(missing)}: not a medbanana {config} "
+            raise ValueError(f"{where} ({config}) lacks the columns {', '.join(sorted(missing))}: not a medbanana {config} "
                              "config, or one written by an older medbanana; rebuild it with `medbanana build`")

@@ -62,9 +62,11 @@ class ExportSummary:
         self.skipped.setdefault(reason, []).append(uid)
 
 
-def export_medebench(dataset: Path, out: Path, *, split: str | None = None, source_images: Path | None = None,
+def export_medebench(dataset: Path, out: Path, *, split: str | None = "test", source_images: Path | None = None,
                      force: bool = False, workers: int = 2, progress=None) -> ExportSummary:
-    """Write OUT/editing/ (the metadata, three image folders and `medbanana-export.json`) from DATASET's sft rows.
+    """Write OUT/editing/ (the metadata, three image folders and `medbanana-export.json`) from DATASET's sft rows
+    of `split` (a benchmark scores held-out rows: `test` by default, refused with the fix when DATASET has none;
+    None: every split).
 
     OUT must be new or empty; with `force` its `editing/` folder is replaced (built beside it, swapped in by one
     rename) and anything else in it is kept, so OUT may be a MedEBench checkout. `workers` threads encode the
@@ -74,6 +76,7 @@ def export_medebench(dataset: Path, out: Path, *, split: str | None = None, sour
 
     dataset, out = Path(dataset), Path(out)
     target = out / FOLDER
+    check_split(dataset, split)
     check_out(out, force)
     check_placement(out, [dataset] + ([source_images] if source_images else []))
     rows = _rows(_open_splits(load_medbanana, dataset, split, source_images))
@@ -106,6 +109,21 @@ def _write_and_publish(rows, out: Path, target: Path, dataset: Path, progress, w
         if staging.exists():
             shutil.rmtree(staging)
     return summary
+
+
+def check_split(dataset: Path, split: str | None) -> None:
+    """A split DATASET's sft config does not have is refused here, with what it has and how to get a test split."""
+    from ..builder.dataset_folder import shard_files
+    from ..builder.features import CONFIG_FEATURES
+
+    have = sorted(shard_files(dataset, "sft", CONFIG_FEATURES["sft"])) if dataset.is_dir() else []
+    if split is None or not have or split in have:
+        return
+    if split == "test":
+        raise BuildError(f"{dataset} has no test split (its sft rows are all in {', '.join(have)}), and a benchmark "
+                         "is scored on held-out rows: build it again with `medbanana build RUN_DIR --out DATASET "
+                         "--test-fraction 0.1`, or pass --split train to export the training rows")
+    raise BuildError(f"{dataset} has no {split} split; its sft splits: {', '.join(have)} (--split)")
 
 
 def check_out(out: Path, force: bool) -> None:

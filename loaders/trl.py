@@ -115,7 +115,7 @@ def to_diffusion_dpo(example: dict, *, max_side: int | None = None, prompt: str 
     """A dpo_pairs row -> (original_image, edit_prompt, chosen_image, rejected_image) for Diffusion-DPO.
 
     Both images must be judged under one condition: `prompt="task"` uses the task sentence of the pair (e.g.
-    "Add Pleural Effusion to this chest X-ray."), `prompt="chosen"` the accepted instruction.
+    "Add a pleural effusion to this chest X-ray."), `prompt="chosen"` the accepted instruction.
 
     >>> from PIL import Image
     >>> blank = Image.new("RGB", (8, 8))

@@ -39,8 +39,8 @@ def blind_instruction(text: str, fallback: str = "") -> str:
     >>> blind_instruction("Round 3: Add an effusion. Unlike the last attempt, keep the ribs. This time make it "
     ...                   "larger. The judge said the lesion was too faint. Keep the rest.")
     'Add an effusion. Keep the rest.'
-    >>> blind_instruction("Try again with a stronger edit.", fallback="Add Edema to this chest X-ray.")
-    'Add Edema to this chest X-ray.'
+    >>> blind_instruction("Try again with a stronger edit.", fallback="Add pulmonary edema to this chest X-ray.")
+    'Add pulmonary edema to this chest X-ray.'
     """
     text = _LABEL.sub("", text.strip())
     sentences = [_LABEL.sub("", s) for s in re.split(r"(?<=[.!?;])\s+|\n+", text) if s.strip()]

@@ -31,7 +31,8 @@ def resolve_api_key(api_key: str | None = None, *, required: bool = True) -> str
     """The API key given, else the first of API_KEY_VARIABLES set; ValueError when `required` and there is none."""
     key = (api_key or next((os.environ[v] for v in API_KEY_VARIABLES if os.environ.get(v)), "")).strip()
     if not key and required:
-        raise ValueError(f"no Gemini API key: set {' or '.join(API_KEY_VARIABLES)}, or pass api_key")
+        raise ValueError(f"no Gemini API key: set {' or '.join(API_KEY_VARIABLES)} to a key from "
+                         "https://aistudio.google.com/apikey (`generate` also runs on Vertex AI: --vertex)")
     return key or None
 
 

@@ -2,10 +2,10 @@
 builds, is above the stages: medbanana/demo.py). Each module turns arguments into a stage's options and its result
 into lines and an exit code; the work is in the stage."""
 
-from . import generate, keys, prepare, taxonomy
+from . import generate, keys, merge, prepare, taxonomy
 
 
 def register(sub) -> None:
     """Add the subcommands, in the order `medbanana --help` lists them."""
-    for command in (generate, taxonomy, prepare, keys):
+    for command in (generate, merge, taxonomy, prepare, keys):
         command.register(sub)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
-from ..failures import EXIT_INCOMPLETE, EXIT_OK, SOURCE_MISSING, TOP, print_reasons, reason_key
+from ..failures import EXIT_INCOMPLETE, EXIT_OK, SOURCE_MISSING, TOP, print_reasons, reason_key, top_reasons
 from ..rundir import layout
 
 
@@ -21,11 +20,12 @@ def api_failures(run_dir: Path) -> list[dict]:
     return found
 
 
-def failure_reasons(run_dir: Path, n: int = TOP) -> tuple[list[tuple[str, int]], int]:
-    """(the `n` most frequent "kind at step: message" reasons, how many distinct ones there are)."""
-    counts = Counter(f"{f.get('kind', 'api_error')} at {f.get('step', '?')}: {reason_key(f.get('error', ''))}"
-                     for f in api_failures(run_dir))
-    return counts.most_common(n), len(counts)
+def failure_reasons(run_dir: Path, n: int = TOP) -> tuple[list[tuple[str, int, str]], int]:
+    """(the `n` most frequent "kind at step: message" reasons, each with its count and the file its first message
+    named, and how many distinct reasons there are)."""
+    messages = [f"{f.get('kind', 'api_error')} at {f.get('step', '?')}: {f.get('error', '')}"
+                for f in api_failures(run_dir)]
+    return top_reasons(messages, n), len({reason_key(m) for m in messages})
 
 
 def generate_exit_code(summary, stream=None) -> int:

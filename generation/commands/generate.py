@@ -1,5 +1,5 @@
-"""`medbanana generate` and `medbanana merge`: command-line options -> a BackendSpec, RunOptions and a run
-(generation/runners/generate.py does the work); shard run directories -> one (rundir/merge.py)."""
+"""`medbanana generate`: command-line options -> a BackendSpec, RunOptions and a run (generation/runners/generate.py
+does the work)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..destinations import ZERO_RETENTION
 from ..records import DEFAULT_MAX_PIXELS
+from ..rundir.lock import hold_for_command
 from ..taxonomy import DIRECTIONS, load_taxonomy
 
 
@@ -94,6 +95,27 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args) -> int:
+    if args.executor != "ray" and (args.shards or args.ray_address or args.ray_gpus_per_shard):
+        print("medbanana generate: --shards, --ray-address and --ray-gpus-per-shard go with --executor ray",
+              file=sys.stderr)
+        return 2
+    if args.drop_missing_sources and not args.retry_failed:
+        print("medbanana generate: --drop-missing-sources ends tasks of a run being retried; give --retry-failed "
+              "RUN_DIR with it", file=sys.stderr)
+        return 2
+    if args.retry_failed and args.out is not None and Path(args.out).resolve() != Path(args.retry_failed).resolve():
+        print(f"medbanana generate: --retry-failed writes into {args.retry_failed}; leave out --out {args.out}",
+              file=sys.stderr)
+        return 2
+    out = args.retry_failed or args.out
+    if out is None or (args.sources is None and not args.retry_failed):
+        print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
+        return 2
+    with hold_for_command(Path(out), "run directory", create=not args.retry_failed):
+        return _generate(args, Path(out))
+
+
+def _generate(args, out: Path) -> int:
     import warnings
 
     from PIL import Image
@@ -107,22 +129,8 @@ def cmd_generate(args) -> int:
 
     # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
-
-    if args.executor != "ray" and (args.shards or args.ray_address or args.ray_gpus_per_shard):
-        print("medbanana generate: --shards, --ray-address and --ray-gpus-per-shard go with --executor ray",
-              file=sys.stderr)
-        return 2
-    sources, out = args.sources, args.out
-    if args.drop_missing_sources and not args.retry_failed:
-        print("medbanana generate: --drop-missing-sources ends tasks of a run being retried; give --retry-failed "
-              "RUN_DIR with it", file=sys.stderr)
-        return 2
+    sources = args.sources
     if args.retry_failed:  # the run's recorded selection is used, and checked against any given (pipeline.py)
-        if out is not None and Path(out).resolve() != Path(args.retry_failed).resolve():
-            print(f"medbanana generate: --retry-failed writes into {args.retry_failed}; leave out --out {out}",
-                  file=sys.stderr)
-            return 2
-        out = args.retry_failed
         recorded = run_config(out)
         if sources is None and recorded.get("sources_root") is None:  # else confirm.py asks for the recorded one
             print(f"medbanana generate: {Path(out) / layout.RUN_CONFIG} records no sources folder "
@@ -132,9 +140,6 @@ def cmd_generate(args) -> int:
     for name, default in RUN_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
-    if (sources is None and not args.retry_failed) or out is None:  # a retry's --sources: confirm.py names it
-        print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
-        return 2
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     # a project alone means Vertex AI; so does the SDK's own GOOGLE_GENAI_USE_VERTEXAI
     vertex = bool(args.vertex or args.vertex_project or args.vertex_location or VertexTarget.from_environment())
@@ -237,15 +242,6 @@ def signing_credentials(cert: Path | None, key: Path | None):
                   "pip install 'medbanana[c2pa]'", file=sys.stderr)
             return 2
     return credentials
-
-
-def cmd_merge(args) -> int:
-    from ..rundir.merge import merge_runs
-
-    counts = merge_runs(args.runs, args.out)
-    before = f" ({counts['merged_before']} merged before)" if counts["merged_before"] else ""
-    print(f"merged {counts['tasks']} finished tasks{before} from {counts['inputs']} run directories into {args.out}")
-    return 0
 
 
 def register(sub) -> None:
@@ -385,12 +381,3 @@ def register(sub) -> None:
                         "Pillow itself refuses more than twice its default)")
     add_run_options(p)
     p.set_defaults(func=cmd_generate, **dict.fromkeys(RUN_DEFAULTS))  # None: given or not (--retry-failed)
-
-    p = sub.add_parser("merge", help="combine shard run directories into one",
-                       description="Merge the finished tasks of several run directories made with the same options "
-                                   "(e.g. `generate --shard i/N` on N machines) into --out. A task finished in two "
-                                   "inputs, or inputs made with other options, is an error. Rerunning an interrupted merge "
-                                   "goes on after the tasks it wrote.")
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--out", type=Path, required=True, help="merged run directory (new, or one made with the same options)")
-    p.set_defaults(func=cmd_merge)

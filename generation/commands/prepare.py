@@ -76,6 +76,10 @@ def register(subparsers) -> None:
                    help="folders: the images' data-use class, one of " + ", ".join(DATA_USE_CLASSES) + " (default "
                         "unknown; credentialed for PhysioNet credentialed data such as MIMIC-CXR DICOM)")
     g.add_argument("--licence", metavar="TEXT", help="folders with --data-use open: the licence of the images")
+    g.add_argument("--skip-unknown", action="store_true",
+                   help="folders: leave out class folders whose name is not in the taxonomy (listed in the report); "
+                        "by default such a folder, e.g. a misspelt Pleural_Efusion/, is an error naming the closest "
+                        "class name")
     g = p.add_argument_group("label files")
     g.add_argument("--labels", type=Path, help="MIMIC CheXpert csv or ODIR spreadsheet (default: found in ROOT)")
     g.add_argument("--metadata", type=Path, help="MIMIC metadata csv (default: found in ROOT)")
@@ -97,7 +101,8 @@ def register(subparsers) -> None:
 
 def cmd_prepare(args) -> int:
     adapter_opts = AdapterOptions(name=args.name, labels=args.labels, metadata=args.metadata, images=args.images,
-                                  uncertain=args.uncertain, splits=tuple(args.splits), modality=args.modality)
+                                  uncertain=args.uncertain, splits=tuple(args.splits), modality=args.modality,
+                                  skip_unknown=args.skip_unknown)
     image = ImageOptions(size=args.size, aspect=args.aspect, quality=args.quality, min_side=args.min_side,
                          max_pixels=args.max_pixels)
     opts = PrepareOptions(image=image, per_class=args.per_class, seed=args.seed, classes=tuple(args.classes),

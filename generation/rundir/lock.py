@@ -21,6 +21,7 @@ written elsewhere reaches the terminal.
         ...
     with hold_lock(out, "dataset folder", beside=True):   # a folder replaced by renaming a new one in
     with hold_lock(out, "run directory") as lock, lend(lock):   # code called here may lock `out` again
+    with hold_for_command(out, "run directory"):   # the same for a whole command, taken first (generate)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import shlex
 import socket
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..files import UnsafeFile, open_owned
@@ -221,3 +222,23 @@ def lend(lock: DirLock):
         yield lock
     finally:
         _LENT.pop(key, None)
+
+
+@contextmanager
+def hold_for_command(folder: Path, what: str, *, create: bool = True):
+    """FOLDER's exclusive lock for a whole command, taken before anything slow (imports, reading inputs, making
+    clients), so that a second writer is refused at once; lent to the code it calls, which locks FOLDER again. With
+    `create` False, a folder that does not exist is not made (nor locked): the command's own check says what is
+    wrong. A folder made here and left empty (a command refused on its options) is removed again."""
+    folder = Path(folder)
+    if not create and not folder.is_dir():
+        yield
+        return
+    made = not folder.exists()
+    try:
+        with hold_lock(folder, what) as lock, lend(lock):
+            yield
+    finally:
+        if made:
+            with suppress(OSError):  # not empty: the command wrote into it
+                folder.rmdir()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import layout
 from ..files import TEMP_NAME, atomic_write_bytes
+from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..masks import attempt_mask_files
 from ..records import Task
 
@@ -51,9 +52,11 @@ class MaskProcess:
         from multiprocessing import get_context
 
         if self._pool is None:  # spawn: a fork of a process with an event loop and threads is not safe
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=ignore_sigint)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, compute, task, edited)
+            with children_ignore_sigint():  # submitting starts the pool's process: Ctrl-C is the run's to handle
+                computed = asyncio.get_running_loop().run_in_executor(self._pool, compute, task, edited)
+            return await computed
         except (BrokenProcessPool, OSError, RuntimeError):  # RuntimeError: the pool was shut down meanwhile
             return None, None
 

@@ -101,9 +101,11 @@ def _mask_copies(run_dir: Path, out: Path, field: str, image: str) -> list[tuple
     return copies
 
 
-def merge_runs(inputs: list[Path], out: Path) -> dict:
+def merge_runs(inputs: list[Path], out: Path, *, partial: bool = False) -> dict:
     """Merge the finished tasks of `inputs` into `out` (a new or compatible run directory); returns counts.
 
+    Shards made with `generate --shard i/N` must be all N, counting those merged into `out` before (its
+    `shards` record), unless `partial`: the merged run then records `partial: true`, which a build's card says.
     `out` is locked like any run directory being written; the inputs are locked shared, so that a shard still
     being generated is refused (LockHeld) rather than merged half-done, and none starts while it is read."""
     inputs, out = [Path(p) for p in inputs], Path(out)
@@ -111,7 +113,35 @@ def merge_runs(inputs: list[Path], out: Path) -> dict:
         for run_dir in inputs:
             if run_dir.is_dir():
                 locks.enter_context(hold_lock(run_dir, "run directory merged from", shared=True))
-        return _merge(inputs, out)
+        return _merge(inputs, out, partial)
+
+
+def shard_coverage(inputs: list[Path], configs: list[dict], out: Path, partial: bool) -> dict | None:
+    """`{"of": N, "merged": [i, ...]}`: the shards of one `--shard i/N` split the inputs and `out`'s own record
+    (an earlier merge into it) cover, None when no input is a shard. ValueError for shards of different splits, or
+    for an incomplete set unless `partial`: naming the missing shards and both ways on."""
+    parts: dict[int, set[int]] = {}  # N -> indices covered
+    earlier = schema.read_run_config(out) if out.is_dir() else None
+    for where, config in [*zip(map(str, inputs), configs), (str(out), earlier or {})]:
+        shard = (config.get("selection") or {}).get("shard") if isinstance(config.get("selection"), dict) else None
+        merged = config.get("shards")
+        if isinstance(shard, list) and len(shard) == 2 and all(isinstance(v, int) for v in shard):
+            parts.setdefault(shard[1], set()).add(shard[0])
+        elif isinstance(merged, dict) and isinstance(merged.get("of"), int) and isinstance(merged.get("merged"), list):
+            parts.setdefault(merged["of"], set()).update(i for i in merged["merged"] if isinstance(i, int))
+    if not parts:
+        return None
+    if len(parts) > 1:
+        raise MergeConflict(f"the runs are shards of different splits ({' and '.join(f'of {n}' for n in sorted(parts))}"
+                            "); merge the shards of one `--shard i/N` split")
+    (count, covered), = parts.items()
+    missing = [i for i in range(count) if i not in covered]
+    if missing and not partial:
+        names = ", ".join(f"{i}/{count}" for i in missing)
+        raise MergeConflict(f"incomplete shard set: {len(missing)} of {count} shards missing ({names}); give every "
+                            f"run made with --shard i/{count}, or pass --partial to merge these alone (the merged "
+                            "run, and a dataset built from it, then say that it is partial)")
+    return {"of": count, "merged": sorted(covered & set(range(count)))}
 
 
 def _run_config(run_dir: Path) -> dict:
@@ -120,7 +150,7 @@ def _run_config(run_dir: Path) -> dict:
     return config
 
 
-def _merge(inputs: list[Path], out: Path) -> dict:
+def _merge(inputs: list[Path], out: Path, partial: bool) -> dict:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
     configs = [_run_config(run_dir) for run_dir in inputs]
@@ -128,6 +158,7 @@ def _merge(inputs: list[Path], out: Path) -> dict:
         diffs = [k for k in IDENTITY_KEYS if cfg.get(k) != configs[0].get(k)]
         if diffs:
             raise MergeConflict(f"{run_dir} was made with other options than {inputs[0]}: {', '.join(diffs)}")
+    shards = shard_coverage(inputs, configs, out, partial)
     # Every record of every shard is checked before anything is written: a refusal leaves --out as it was.
     owner: dict[str, Path] = {}
     finished: list[tuple[dict, list[tuple[Path, Path]]]] = []
@@ -145,6 +176,8 @@ def _merge(inputs: list[Path], out: Path) -> dict:
                                                           for d in c["destinations"]])
     if isinstance(config.get("selection"), dict):  # the merged run is every shard's: `--retry-failed` retries all
         config["selection"] = {**config["selection"], "shard": None}
+    if shards is not None:  # which shards it holds; `partial` when not all (merge --partial), for the card
+        config.update(shards=shards, partial=len(shards["merged"]) < shards["of"])
     incoming = {dst: src for _, copies in finished for src, dst in copies}
     store = RunStore(out, config, incoming=incoming).open()
     try:
@@ -163,7 +196,7 @@ def _merge(inputs: list[Path], out: Path) -> dict:
             store.add_finished(record)
     finally:
         store.close()
-    return {"inputs": len(inputs), "tasks": len(todo), "merged_before": len(finished) - len(todo)}
+    return {"inputs": len(inputs), "tasks": len(todo), "merged_before": len(finished) - len(todo), "shards": shards}
 
 
 def _as_merged(record: dict) -> dict:

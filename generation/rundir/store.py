@@ -262,22 +262,34 @@ class RunStore:
     def _manifest(self, task: Task, attempt: Attempt) -> dict:
         from .signing import image_manifest
 
-        source = str(task.source_path)
-        if source not in self._source_sha256:
-            if len(self._source_sha256) > 4096:  # a task's rounds come together; old entries are not needed
-                self._source_sha256.clear()
-            self._source_sha256[source] = SourceImage(Path(source)).sha256
         provenance = {"run_id": self.config["run_id"], "task_uid": task.uid, "round": attempt.round,
                       "accepted": bool(attempt.accepted), "direction": task.direction, "disease": task.disease,
                       "instruction_sha256": hashlib.sha256(attempt.instruction.text.encode("utf-8")).hexdigest(),
-                      "source_sha256": self._source_sha256[source]}
+                      "source_sha256": self.source_sha256(task, strict=True)}
         return image_manifest(title=Path(attempt.image_relpath).name,
                               source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE),
                               models=self.config.get("models") or {}, generator=creator_tool(),
                               provenance=provenance)
 
+    def source_sha256(self, task: Task, strict: bool = False) -> str | None:
+        """The SHA-256 of the task's source file (each task record keeps it, so that a build given source images
+        can tell they are the ones the run edited), None when it cannot be read (raised with `strict`)."""
+        source = str(task.source_path)
+        digest = self._source_sha256.get(source)  # one lookup: image writes may call this from other threads
+        if digest is None:
+            if len(self._source_sha256) > 4096:  # a task's rounds come together; old entries are not needed
+                self._source_sha256.clear()
+            try:
+                digest = self._source_sha256[source] = SourceImage(Path(source)).sha256
+            except OSError:
+                if strict:
+                    raise
+                return None
+        return digest
+
     def finish_task(self, outcome: TaskOutcome, extra: dict | None = None) -> dict:
-        record = conversation_record(outcome, self.run_dir, self.config, extra or {})
+        extra = {"source_sha256": self.source_sha256(outcome.task), **(extra or {})}
+        record = conversation_record(outcome, self.run_dir, self.config, extra)
         self.add_finished(record)
         return record
 

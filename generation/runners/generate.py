@@ -146,9 +146,10 @@ def select_tasks(sources: Path, selection: Selection, modality: str | None, limi
     if known is not None:
         tasks = [t for t in tasks if t.uid in known]
     if not tasks and not allow_none:
-        raise SourceLayoutError(f"no source images under {sources} match the selection "
-                                f"(modalities={sorted(selection.modalities) or 'all'}, "
-                                f"diseases={sorted(selection.diseases) or 'all'}, directions={list(selection.directions)})")
+        raise SourceLayoutError(f"no source images under {sources} match the selection (--modalities "
+                                f"{' '.join(sorted(selection.modalities)) or 'all'}, --diseases "
+                                f"{' '.join(sorted(selection.diseases)) or 'all'}, --directions "
+                                f"{' '.join(selection.directions)})")
     return tasks
 
 

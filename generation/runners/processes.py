@@ -19,7 +19,6 @@ import asyncio
 import multiprocessing
 import os
 import queue
-import signal
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from ..failures import EXIT_INFRASTRUCTURE
+from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..loop import acceptance_policy
 from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
 from ..rundir import mask_files
@@ -125,7 +125,7 @@ class CallCounts:
 def worker_main(spec, out: str, options: RunOptions, slots: int, share: int, tasks: Connection,
                 results: Connection) -> None:
     """Entry point of a worker: run tasks sent by the parent, `slots` at a time, until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends the workers
+    ignore_sigint()  # Ctrl-C is the parent's to handle; it ends the workers (started with SIGINT blocked too)
     asyncio.run(_serve(spec, Path(out), options, slots, share, tasks, results))
 
 
@@ -200,7 +200,8 @@ class _Worker:
         self.results, send_results = context.Pipe(duplex=False)
         self.process = context.Process(target=worker_main, name=f"medbanana-worker-{index}", daemon=True,
                                        args=(spec, str(out), options, slots, share, receive_tasks, send_results))
-        self.process.start()
+        with children_ignore_sigint():  # Ctrl-C is the parent's: the worker never sees it, not even while importing
+            self.process.start()
         receive_tasks.close()  # only the worker holds these ends now: either side's death closes the pipes
         send_results.close()
         self.in_flight: set[str] = set()

@@ -219,7 +219,7 @@ def _merge_shards(out: Path, count: int) -> None:
     inputs = [d for d in (shard_dir(out, i, count) for i in range(count)) if (d / layout.RUN_CONFIG).exists()]
     merged = finished_uids(out)
     if todo := [d for d in inputs if not finished_uids(d) <= merged]:
-        merge_runs(todo, out)
+        merge_runs(todo, out, partial=True)  # the others were merged before: OUT's record counts them
 
 
 def _summary(out: Path, ran: list[RunSummary], tasks: int, seconds: float) -> RunSummary:

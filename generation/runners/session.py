@@ -85,7 +85,7 @@ class RunSummary:
         lines = [f"tasks {d['tasks']} (ran {d['ran_now']}, already done {d['skipped']}) in {d['seconds']} s",
                  f"  accepted edits   {d['success']}", f"  failed tasks     {d['failed']}",
                  f"  failed attempts  {d['failed_attempts']} (kept as images and records)",
-                 f"  errors           {d['api_failed']} {d['error_kinds'] or ''}".rstrip(),
+                 f"  errors           {d['api_failed']} {_kinds(d['error_kinds'])}".rstrip(),
                  f"  success by round {hist}", f"run directory: {self.run_dir}"]
         if self.api_calls or self.cache_hits:
             lines.insert(-1, f"  API calls        {self.api_calls} (from the request cache: {self.cache_hits})")
@@ -100,6 +100,11 @@ class RunSummary:
                       f"  load it: python -c 'from datasets import load_dataset; "
                       f"print(load_dataset(\"{self.dataset_dir}\", \"dpo_pairs\"))'"]
         return "\n".join(lines)
+
+
+def _kinds(counts: dict) -> str:
+    """'(source_error 11, server_error 2)': failures per kind, in words ('' for none)."""
+    return f"({', '.join(f'{kind} {n}' for kind, n in counts.items())})" if counts else ""
 
 
 def reconciled_text(counts: dict) -> str:

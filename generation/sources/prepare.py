@@ -25,6 +25,7 @@ summary lines, exit codes) is generation/commands/prepare.py.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -303,7 +304,9 @@ def _check_options(opts: PrepareOptions) -> None:
     known = {"normal", *(t.folder for t in tax.targets)}
     unknown = [c for c in opts.classes if c not in known]
     if unknown:
-        raise PrepareError(f"unknown class(es) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        named = ", ".join(f"{c} (did you mean {guess[0]}?)" if (guess := difflib.get_close_matches(c, known, 1))
+                          else c for c in unknown)
+        raise PrepareError(f"unknown class(es) {named}; known: {', '.join(sorted(known))}")
 
 
 def _check_dicom_support(sources: list[DatasetSource]) -> None:

@@ -217,3 +217,45 @@ def test_eval_is_refused_while_another_process_holds_its_out(tmp_path):
     assert done.returncode == EXIT_LOCKED
     assert f"{out} (evaluation folder) is being used by pid {os.getpid()}" in done.stderr
     assert list(out.iterdir()) == []  # nothing written; the lock file went when its holder released it
+
+
+# --- sources a build may attach: the ones the run edited ----------------------------------------------------------
+
+def test_a_build_without_sources_says_so_in_one_line_and_how_to_attach_them(run, tmp_path, capfd):
+    code, _out, err = cli(capfd, run, "--out", tmp_path / "out", "--configs", "sft,conversations")
+    assert code == 0
+    notes = [line for line in err.splitlines() if "source_image is null" in line]
+    assert len(notes) == 1 and "--source-images DIR" in notes[0] and "attach_sources" in notes[0]
+    code, _out, err = cli(capfd, run, "--out", tmp_path / "out", "--configs", "conversations")
+    assert code == 0 and "source_image" not in err  # no config with the column: nothing to say
+
+
+def test_sources_other_than_the_runs_are_refused_naming_the_file_and_its_size(tiny_sources, tmp_path, capfd,
+                                                                             monkeypatch):
+    """`generate` records each source's SHA-256; a --source-images file of the same name with other content (the
+    original download at another size, say) is refused, or with --unsafe skip leaves its tasks out, listed."""
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    run_dir = tmp_path / "run"
+    assert main(["generate", "--sources", str(tiny_sources), "--out", str(run_dir), "--diseases", "Pneumothorax",
+                 "--max-rounds", "1", "-q"]) in (0, 3)
+    records = [json.loads(line)["record"] for line in (run_dir / "medbanana-journal.jsonl").read_text().splitlines()
+               if json.loads(line)["type"] == "task"]
+    assert records and all(r["source_sha256"] == hashlib.sha256((tiny_sources / r["source_path"]).read_bytes())
+                           .hexdigest() for r in records)
+    capfd.readouterr()
+    code, _out, err = cli(capfd, run_dir, "--out", tmp_path / "same", "--source-images", tiny_sources)
+    assert code == 0 and "source images attached" not in err  # the run's own sources: attached, no complaint
+
+    originals = Path(shutil.copytree(tiny_sources, tmp_path / "originals"))
+    write_jpeg(originals / "MIMIC_tiny" / "normal" / "n0.jpeg", 0, size=90)  # the same scan before `prepare`
+    code, _out, err = cli(capfd, run_dir, "--out", tmp_path / "out", "--source-images", originals)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert f"{originals / 'MIMIC_tiny' / 'normal' / 'n0.jpeg'} is not the source the run edited" in err
+    assert "90x90 pixels" in err and "SHA-256 differs" in err and "generate --sources" in err
+    code, _out, err = cli(capfd, run_dir, "--out", tmp_path / "out", "--source-images", originals, "--unsafe", "skip")
+    assert code == 0
+    refused = json.loads((tmp_path / "out" / "medbanana-build.json").read_text())["stats"]["refused"]
+    uses = sum(r["source_path"] == "MIMIC_tiny/normal/n0.jpeg" for r in records)
+    assert refused["count"] == refused["tasks_left_out"] == uses > 0
+    assert all("is not the source the run edited" in item for item in refused["items"])

@@ -268,3 +268,13 @@ def test_a_second_upload_of_the_same_folder_sends_nothing(hub, builds, tmp_path)
     assert second.returncode == 0, second.stderr
     assert second.stdout.startswith(f"nothing to upload: {REPO} is up to date") and "uploaded" not in second.stdout
     assert len(hub["commits"]) == commits and hub["files"] == files
+
+
+def test_upload_help_tells_the_upload_as_it_happens_one_commit(hub, builds, capsys):
+    """`upload --help` says one commit; an upload of a build of many shards is exactly one commit."""
+    with pytest.raises(SystemExit):
+        main(["upload", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "in ONE commit" in text and "several commits" not in text and "never a mix" in text
+    assert _upload(builds["many"], capsys)[0] == 0
+    assert len(hub["commits"]) == 1 and len(hub["commits"][0]["added"]) == len(_files(builds["many"]))

@@ -110,7 +110,10 @@ def test_eval_exits_3_with_reasons_when_every_sample_failed_and_its_line_has_no_
     line = out.splitlines()[0]
     assert line == "0 samples scored, 3 errors, 0 judge errors"  # no dangling "; "
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["failure_reasons"]["errors"] == [{"reason": "file not found: edited …", "samples": 3}]
+    (first,) = summary["failure_reasons"]["errors"]
+    assert (first["reason"], first["samples"]) == ("file not found: edited …", 3)
+    assert first["example"].endswith("model/s0.png")  # the file its first sample named
+    assert f"3  file not found: edited … (e.g. {first['example']})" in err
     assert "## Samples not scored: top reasons" in (tmp_path / "out" / "report.md").read_text()
 
 

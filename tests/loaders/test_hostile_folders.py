@@ -103,7 +103,7 @@ def test_export_refuses_a_hostile_folder_in_one_line(built, tmp_path, case):
     change(built, folder)
     out = tmp_path / "export"
     result = subprocess.run([sys.executable, "-m", "medbanana", "export", "medebench", str(folder), "--out", str(out),
-                             "-q"], capture_output=True, text=True, timeout=300)
+                             "--split", "train", "-q"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("medbanana export: error: ") and message in lines[0], lines
@@ -127,7 +127,7 @@ def test_the_cards_own_files_and_side_files_are_never_followed(built, tmp_path):
     assert rows["train"]["uid"] == load_medbanana(built / "dataset", "sft")["uid"]
     out = tmp_path / "export"
     result = subprocess.run([sys.executable, "-m", "medbanana", "export", "medebench", str(folder), "--out", str(out),
-                             "-q"], capture_output=True, text=True, timeout=300)
+                             "--split", "train", "-q"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     metadata = (out / "editing" / "editing_metadata.json").read_text()
     assert MARKER not in metadata and len(json.loads(metadata)["samples"]) == rows["train"].num_rows
@@ -178,7 +178,7 @@ def test_export_skips_rows_whose_masks_are_not_masks_of_their_image(built, tmp_p
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), shard)
     out = tmp_path / "export"
     result = subprocess.run([sys.executable, "-m", "medbanana", "export", "medebench", str(folder), "--out", str(out),
-                             "-q"], capture_output=True, text=True, timeout=300)
+                             "--split", "train", "-q"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "editing" / "medbanana-export.json").read_text())
     assert report["exported"] == len(rows) - len(planted)

@@ -3,6 +3,7 @@
 import doctest
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -253,3 +254,30 @@ def test_a_folder_rewritten_in_place_loads_its_new_rows_and_an_unchanged_one_reu
     again = load_medbanana(folder, "sft")
     assert again.num_rows == first.num_rows and again.cache_files != first.cache_files
     assert again["instruction"] == [f"rewritten {i}" for i in range(first.num_rows)]
+
+
+def test_a_name_that_is_no_folder_here_fails_at_once_with_what_to_do(tmp_path):
+    """A bare name from another folder is refused naming the folder it looked in; an ORG/NAME id with the Hub out
+    of reach (here a port nothing listens on) is one ConnectionError saying how to load a build or the cached copy,
+    not datasets' five tries and a silently returned stale copy."""
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = ("import sys\nfrom medbanana.loaders import load_medbanana\ntry:\n    load_medbanana(sys.argv[1], 'sft')\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)")
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("HF_DATASETS_OFFLINE", None)
+
+    def load(name: str) -> str:
+        return subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, cwd=tmp_path,
+                              env=env, timeout=120).stdout
+
+    said = load("medbanana-50k")
+    assert said.startswith("FileNotFoundError") and f"not a folder in {tmp_path}" in said and "ORG/NAME" in said
+    said = load("my-org/medbanana-50k")
+    assert said.startswith("ConnectionError") and f"http://127.0.0.1:{port} cannot be reached" in said
+    assert "HF_HUB_OFFLINE=1" in said and "folder's path" in said

@@ -121,7 +121,7 @@ def test_medebench_scripts_read_the_export_and_score_it(demo_dataset, tmp_path, 
     """The demo's dataset as `medbanana demo` builds it (sources attached, so every row has its computed masks)."""
     rows = load_medbanana(demo_dataset, "sft").num_rows
     base_dir = tmp_path / "MedEBench"  # --out plays their repository root
-    assert main(["export", "medebench", str(demo_dataset), "--out", str(base_dir), "-q"]) == 0
+    assert main(["export", "medebench", str(demo_dataset), "--split", "train", "--out", str(base_dir), "-q"]) == 0
     out, err = capsys.readouterr()
     assert f"exported {rows} of {rows} sft rows" in out and f"edit_mask {rows})" in out and "skipped" not in err
     by_uid = {row["uid"]: row for row in load_medbanana(demo_dataset, "sft", decode_images=False)}
@@ -177,7 +177,7 @@ def test_medebench_scripts_read_the_export_and_score_it(demo_dataset, tmp_path, 
 def test_rows_without_a_usable_mask_or_source_are_skipped_with_the_reason(corrupted_dataset, tmp_path, capsys):
     folder, rows, _ = corrupted_dataset
     base_dir = tmp_path / "MedEBench"
-    assert main(["export", "medebench", str(folder), "--out", str(base_dir), "-q"]) == 0
+    assert main(["export", "medebench", str(folder), "--split", "train", "--out", str(base_dir), "-q"]) == 0
     out, err = capsys.readouterr()
     exported = rows - 3  # row 3: neither mask; row 4: masks but no source; row 5: an edit_mask that is no image
     assert f"exported {exported} of {rows} sft rows" in out and f"edit_mask {rows - 5}, region_mask 2" in out
@@ -213,7 +213,7 @@ def test_a_dataset_without_masks_is_refused_with_the_reason(demo_run_root, tmp_p
     assert main(["build", str(run), "--out", str(plain), "-q"]) == 0
     rows = load_medbanana(plain, "sft").num_rows
     capsys.readouterr()
-    code = main(["export", "medebench", str(plain), "--out", str(tmp_path / "out"), "-q",
+    code = main(["export", "medebench", str(plain), "--split", "train", "--out", str(tmp_path / "out"), "-q",
                  "--source-images", str(demo_run_root / "demo-run" / "sources")])  # sources, yet no masks
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -224,7 +224,7 @@ def test_a_dataset_without_masks_is_refused_with_the_reason(demo_run_root, tmp_p
 def test_source_images_fill_a_dataset_built_without_them(corrupted_dataset, demo_run_root, tmp_path, capsys):
     folder, rows, _ = corrupted_dataset
     sources = demo_run_root / "demo-run" / "sources"
-    assert main(["export", "medebench", str(folder), "--out", str(tmp_path / "out"), "-q",
+    assert main(["export", "medebench", str(folder), "--split", "train", "--out", str(tmp_path / "out"), "-q",
                  "--source-images", str(sources)]) == 0
     assert f"exported {rows - 2} of {rows} sft rows" in capsys.readouterr().out  # row 4 is back; rows 3 and 5 not
 
@@ -236,7 +236,7 @@ def test_out_is_new_or_empty_unless_forced_and_force_replaces_only_editing(corru
     (checkout / "src" / "eval_metrics" / "keep.py").write_text("kept")
     (checkout / "editing" / "previous").mkdir(parents=True)
     (checkout / "editing" / "previous" / "9999.png").write_bytes(b"stale")
-    argv = ["export", "medebench", str(folder), "--out", str(checkout), "-q"]
+    argv = ["export", "medebench", str(folder), "--split", "train", "--out", str(checkout), "-q"]
     assert main(argv) == 2
     assert "is not empty" in capsys.readouterr().err and (checkout / "editing" / "previous" / "9999.png").exists()
     assert main(argv + ["--force"]) == 0
@@ -255,7 +255,7 @@ def test_refused_outs_write_nothing(corrupted_dataset, tmp_path, capsys, where, 
     (tmp_path / "file.txt").write_text("x")
     out = where(folder, tmp_path)
     before = sorted(str(p) for p in folder.rglob("*"))
-    assert main(["export", "medebench", str(folder), "--out", str(out), "-q"]) == 2
+    assert main(["export", "medebench", str(folder), "--split", "train", "--out", str(out), "-q"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert sorted(str(p) for p in folder.rglob("*")) == before
@@ -267,7 +267,8 @@ def test_an_editing_link_in_out_is_refused(corrupted_dataset, tmp_path, capsys):
     elsewhere.mkdir()
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "editing").symlink_to(elsewhere)
-    assert main(["export", "medebench", str(folder), "--out", str(tmp_path / "out"), "--force", "-q"]) == 2
+    assert main(["export", "medebench", str(folder), "--split", "train", "--out", str(tmp_path / "out"), "--force",
+                 "-q"]) == 2
     assert "is not a folder" in capsys.readouterr().err and not any(elsewhere.iterdir())
 
 
@@ -291,8 +292,33 @@ def test_more_workers_write_the_same_export(demo_dataset, tmp_path):
     exports = {}
     for workers in (1, 3):
         out = tmp_path / f"workers-{workers}"
-        assert main(["export", "medebench", str(demo_dataset), "--out", str(out), "-q", "--workers", str(workers)]) == 0
+        assert main(["export", "medebench", str(demo_dataset), "--split", "train", "--out", str(out), "-q",
+                     "--workers", str(workers)]) == 0
         folder = out / "editing"
         exports[workers] = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     assert len(exports[1]) == 3 * len(json.loads(exports[1]["editing_metadata.json"])["samples"]) + 2
     assert exports[3] == exports[1]
+
+
+def test_the_test_split_is_exported_by_default_and_a_dataset_without_one_is_refused_with_the_fix(
+        demo_run_root, demo_dataset, tmp_path, capsys):
+    """A benchmark scores held-out rows: `export medebench` takes the `test` split unless told otherwise; the demo's
+    dataset (train only) is refused naming both ways on, and one built with --test-fraction exports its test rows."""
+    assert main(["export", "medebench", str(demo_dataset), "--out", str(tmp_path / "refused"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "has no test split (its sft rows are all in train)" in err and "--test-fraction 0.1" in err
+    assert "--split train" in err and err.count("\n") == 1 and not (tmp_path / "refused").exists()
+    demo = demo_run_root / "demo-run"
+    split = tmp_path / "split"
+    assert main(["build", str(demo / "run"), "--out", str(split), "--test-fraction", "0.5", "--source-images",
+                 str(demo / "sources"), "--configs", "sft", "-q"]) == 0
+    rows = load_medbanana(split, "sft", split=None, decode_images=False)
+    test_uids = set(rows["test"]["uid"])
+    assert test_uids and rows["train"].num_rows  # both splits hold rows
+    capsys.readouterr()
+    assert main(["export", "medebench", str(split), "--out", str(tmp_path / "bench"), "-q"]) == 0
+    samples = json.loads((tmp_path / "bench" / "editing" / "editing_metadata.json").read_text())["samples"]
+    assert {s["uid"] for s in samples} <= test_uids and {s["split"] for s in samples} == {"test"}
+    assert main(["export", "medebench", str(split), "--split", "validation", "--out", str(tmp_path / "v"),
+                 "-q"]) == 2
+    assert "has no validation split; its sft splits: test, train" in capsys.readouterr().err

@@ -141,16 +141,15 @@ def compose(task: Task, params: EditParams) -> str:
     signs = ", ".join(label.signs[:-1]) + (" and " if len(label.signs) > 1 else "") + label.signs[-1]
     d = task.direction
     where = f"{label.region_text}{_side_phrase(task, params)}"
-    name = label.name if label.name.isupper() else label.name.lower()  # "AMD" stays, "Pleural Effusion" does not
     inward = ", well inside that area" if params.inward else ""
     if d == "add":
-        lines = [f"Add {name} to this {view}.",
+        lines = [taxonomy.task_sentence(task.disease, task.modality, d, where=view),
                  f"In {where}{inward}, create a {params.phrase('intensity', d)}, {params.phrase('size', d)} "
                  f"finding that shows {signs}.",
                  f"Give it {params.phrase('softness', d)}, {params.phrase('grain', d)}."]
-        goal = f"makes the {name} unmistakable"
+        goal = f"makes {label.noun('remove')} unmistakable"
     else:
-        lines = [f"Take the {name} out of this {view}.",
+        lines = [f"Take {label.noun(d)} out of this {view}.",
                  f"In {where}{inward}, where it shows as {signs}, {params.phrase('intensity', d)} and put "
                  f"{HEALTHY[task.modality]} in its place, clearing {params.phrase('size', d)} around it.",
                  f"Blend the repair in with {params.phrase('softness', d)}, {params.phrase('grain', d)}."]

@@ -71,6 +71,7 @@ class AdapterOptions:
     uncertain: str = "exclude"
     splits: tuple[str, ...] = ("Training", "Testing")
     modality: str | None = None
+    skip_unknown: bool = False  # folders: a class folder no taxonomy name matches is skipped (reported), not fatal
 
 
 def norm(text: str) -> str:
@@ -141,18 +142,21 @@ def table_columns(table, path: Path, required: dict[str, str], known: set[str], 
     return {key: by_norm[key] for key in required}
 
 
-def find_label_file(root: Path, given: Path | None, names: tuple[str, ...], what: str) -> Path:
-    """`given` when it exists, else the first of `names` found in `root`; a PrepareError otherwise."""
+def find_label_file(root: Path, given: Path | None, names: tuple[str, ...], what: str, option: str) -> Path:
+    """`given` (the value of `option`) when it exists, else the first of `names` found in `root`; a PrepareError,
+    naming `option`, otherwise."""
     if given is not None:
         if not Path(given).is_file():
-            raise PrepareError(f"{what} {given} does not exist")
+            raise PrepareError(f"{what} {given} ({option}) does not exist")
         return Path(given)
     for name in names:
         if (root / name).is_file():
             if problem := link_problem(root, root / name):
-                raise PrepareError(f"{what} {root / name}: {problem}; pass its path if you mean it")
+                raise PrepareError(f"{what} {root / name}: {problem}; pass it with {option} {root / name} if you "
+                                   "mean it")
             return root / name
-    raise PrepareError(f"missing label file: no {' or '.join(names)} in {root} ({what}); pass its path")
+    raise PrepareError(f"missing label file: no {' or '.join(names)} in {root} ({what}); pass its path with "
+                       f"{option} FILE")
 
 
 def _is_utf8(text: str) -> bool:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def folders(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSour
                            f"{root}/<D>/<Disease>/*.jpeg (or {root}/normal/... for one dataset)")
     if opts.name and len(datasets) > 1:
         raise PrepareError(f"--name applies to one dataset folder; {root} holds {len(datasets)}")
+    unknown: list[str] = []  # "D/Folder (did you mean ...?)" for each class folder no taxonomy name matches
     for folder in datasets:
         modality = opts.modality or tax.infer_modality(folder.name) or _modality_from_classes(folder, tax)
         src = DatasetSource(dataset_name(opts.name or folder.name, modality, tax), modality, "folders", folder)
@@ -90,12 +92,30 @@ def folders(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSour
             label = class_of(sub.name, modality)
             if label is None:
                 found = tax.find(sub.name, modality)
-                why = "is a label but not an edit target" if found else f"is not a {modality} class folder"
+                guess = "" if found else closest_class(sub.name, modality, tax)
+                why = ("is a label but not an edit target" if found else
+                       f"is not a {modality} class folder{f' (did you mean {guess}?)' if guess else ''}")
                 src.problems.append(Problem(sub.name, f"folder {sub.name!r} {why}; skipped"))
+                if not found:
+                    unknown.append(f"{folder.name}/{sub.name}{f' (did you mean {guess}?)' if guess else ''}")
                 continue
             add_folder_files(src, sub, label, {})
         out.append(src)
+    if unknown and not opts.skip_unknown:  # a misspelt disease folder must not vanish from the sources unnoticed
+        raise PrepareError(f"{'folder' if len(unknown) == 1 else f'{len(unknown)} folders'} not in the taxonomy: "
+                           f"{'; '.join(unknown)}. Rename {'it' if len(unknown) == 1 else 'them'} to a class name "
+                           "(`medbanana taxonomy` lists them), or pass --skip-unknown to leave "
+                           f"{'it' if len(unknown) == 1 else 'them'} out")
     return out
+
+
+def closest_class(name: str, modality: str, tax: Taxonomy) -> str:
+    """The class folder name of `modality` (normal or an edit target) closest in spelling to `name`, '' when none
+    is close (difflib, case and separators ignored)."""
+    names = ["normal", *(label.folder for label in tax.modality(modality).targets)]
+    by_norm = {norm(n): n for n in names}
+    match = difflib.get_close_matches(norm(name), list(by_norm), n=1, cutoff=0.6)
+    return by_norm[match[0]] if match else ""
 
 
 def _modality_from_classes(folder: Path, tax: Taxonomy) -> str:

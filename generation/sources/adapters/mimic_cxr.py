@@ -28,9 +28,10 @@ def mimic_cxr(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSo
     if opts.uncertain not in UNCERTAIN_POLICIES:
         raise PrepareError(f"uncertain-label policy {opts.uncertain!r}; use one of {', '.join(UNCERTAIN_POLICIES)}")
     chexpert_path = find_label_file(root, opts.labels, ("mimic-cxr-2.0.0-chexpert.csv.gz",
-                                                        "mimic-cxr-2.0.0-chexpert.csv"), "CheXpert label file")
+                                                        "mimic-cxr-2.0.0-chexpert.csv"), "CheXpert label file",
+                                    "--labels")
     meta_path = find_label_file(root, opts.metadata, ("mimic-cxr-2.0.0-metadata.csv.gz",
-                                                      "mimic-cxr-2.0.0-metadata.csv"), "metadata file")
+                                                      "mimic-cxr-2.0.0-metadata.csv"), "metadata file", "--metadata")
     src = DatasetSource(dataset_name(opts.name or "MIMIC_CXR_single_disease", "chest_xray", tax), "chest_xray",
                         "mimic-cxr", root)
     labels = read_table(chexpert_path)

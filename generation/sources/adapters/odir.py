@@ -28,7 +28,7 @@ ODIR_FLAGS = {"Diabetes": "d", "Glaucoma": "g", "Cataract": "c", "AMD": "a", "Hy
 
 
 def odir(root: Path, opts: AdapterOptions, tax: Taxonomy) -> list[DatasetSource]:
-    sheet = find_label_file(root, opts.labels, (), "ODIR spreadsheet") if opts.labels else _odir_sheet(root)
+    sheet = find_label_file(root, opts.labels, (), "ODIR spreadsheet", "--labels") if opts.labels else _odir_sheet(root)
     src = DatasetSource(dataset_name(opts.name or "ODIR_fundus_single_disease", "fundus", tax), "fundus", "odir",
                         root)
     table = read_table(Path(sheet))

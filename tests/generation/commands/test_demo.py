@@ -107,3 +107,25 @@ def test_demo_honours_max_rounds_and_refuses_other_source_options_over_a_demo(tm
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--size (was 128, now 256)" in proc.stderr
     assert (out / "run" / layout.RUN_CONFIG).read_bytes() == before
+
+
+def test_demo_refuses_a_non_empty_folder_it_did_not_make_and_resumes_its_own(tmp_path, capsys):
+    from medbanana.cli import main
+    from medbanana.demo import MARK
+
+    small = ["--normal", "1", "--diseased", "0", "--size", "64", "--max-rounds", "1", "--no-build", "-q"]
+    mine = tmp_path / "mine"
+    (mine / "notes").mkdir(parents=True)
+    (mine / "notes" / "thesis.txt").write_text("a user's file")
+    assert main(["demo", "--out", str(mine), *small]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {mine} is not empty (1 entry, e.g. notes) and was not made by `medbanana demo`" in err
+    assert err.count("\n") == 1 and sorted(p.name for p in mine.rglob("*")) == ["notes", "thesis.txt"]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["demo", "--out", str(empty), *small]) == 0
+    assert json.loads((empty / MARK).read_text())["made_by"] == "medbanana demo"
+    journal = (empty / "run" / layout.JOURNAL).read_bytes()
+    assert main(["demo", "--out", str(empty), *small]) == 0  # its own folder: resumed, nothing left to run
+    assert (empty / "run" / layout.JOURNAL).read_bytes() == journal

@@ -436,3 +436,21 @@ def test_an_interrupted_merge_goes_on_and_another_record_of_a_merged_task_is_a_c
     assert main(["merge", *shards, "--out", str(part)]) == 2
     assert f"task {changed['uid']} is already finished in {part}, with another record" in capsys.readouterr().err
     assert journal.read_bytes() == before
+
+
+def test_a_second_writer_is_refused_before_anything_slow(tmp_path):
+    """`generate` takes the run directory's lock first: a second writer is refused before it imports the
+    backends' client libraries or reads its sources (here a folder that does not even exist), naming the holder."""
+    out = tmp_path / "run"
+    code = ("import sys; from medbanana.cli import main; code = main(sys.argv[1:]); "
+            "print(code, 'google.genai' in sys.modules, 'PIL.Image' in sys.modules)")
+    argv = ["generate", "--sources", str(tmp_path / "no-such-sources"), "--out", str(out), "--backend", "gemini"]
+    with hold_lock(out, "run directory"):
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == [str(EXIT_LOCKED), "False", "False"], done.stderr
+    assert f"is being used by pid {os.getpid()}" in done.stderr and done.stderr.count("\n") == 1
+    # refused on its options (no such sources) with no other writer: the folder it made for its lock is gone
+    fresh = tmp_path / "fresh"
+    done = subprocess.run([sys.executable, "-m", "medbanana", *argv[:3], "--out", str(fresh)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "no-such-sources" in done.stderr and not fresh.exists()

@@ -49,12 +49,12 @@ def full_data(tmp_path):
 
 def test_folders_become_generator_sources_with_a_manifest(full_data, tmp_path):
     out = tmp_path / "out"
-    sections = prepare("folders", full_data, out, opts=SMALL)
+    sections = prepare("folders", full_data, out, AdapterOptions(skip_unknown=True), SMALL)
     assert sections["MIMIC_tiny"]["per_class"] == {"Pleural_Effusion": 1, "Pneumothorax": 2, "normal": 3}
     assert sections["Fundus_tiny"]["per_class"] == {"AMD": 1, "normal": 1}
     skipped = entries_by_path(out, "MIMIC_tiny")
     assert "not an edit target" in skipped["Pleural_Other"]["reason"]
-    assert "not a chest_xray class folder" in skipped["Kidney_Stone"]["reason"]
+    assert "not a chest_xray class folder" in skipped["Kidney_Stone"]["reason"]  # left out: --skip-unknown
     rows = read_prepare_manifest(out)
     assert len(rows) == 8
     for row in rows:
@@ -203,13 +203,13 @@ def test_cli_help_summary_and_clear_fatal_errors(full_data, tmp_path, capsys):
                   "--uncertain", "burned-in", "Support Devices"):
         assert words in text, words
     out = tmp_path / "out"
-    assert run_cli(["folders", full_data, "--out", out, "--size", 64, "-q"]) == 0
+    assert run_cli(["folders", full_data, "--out", out, "--size", 64, "--skip-unknown", "-q"]) == 0
     assert "MIMIC_tiny (chest_xray): 6 prepared now" in capsys.readouterr().out
     assert run_cli(["mimic-cxr", full_data, "--out", tmp_path / "never", "-q"]) == 2
     assert "missing label file" in capsys.readouterr().err and not (tmp_path / "never").exists()
     assert run_cli(["folders", full_data, "--out", out, "--classes", "Pleural_Efusion", "-q"]) == 2
-    assert "unknown class" in capsys.readouterr().err
-    assert run_cli(["folders", full_data, "--out", out, "--size", 128, "-q"]) == 2
+    assert "unknown class(es) Pleural_Efusion (did you mean Pleural_Effusion?)" in capsys.readouterr().err
+    assert run_cli(["folders", full_data, "--out", out, "--size", 128, "--skip-unknown", "-q"]) == 2
     assert "Use another --out" in capsys.readouterr().err
 
 
@@ -240,3 +240,23 @@ def test_real_sample_images(tmp_path):
         prepared = np.asarray(Image.open(out / row["path"]), np.float64)
         assert prepared.shape == original.shape == (1024, 1024, 3)
         assert 10 * np.log10(255 ** 2 / np.mean((prepared - original) ** 2)) > 35  # same picture, re-encoded q95
+
+
+def test_a_misspelt_disease_folder_is_named_with_the_closest_class_and_stops_prepare(full_data, tmp_path, capsys):
+    """Through the `medbanana` command: a class folder no taxonomy name matches ends the run before anything is
+    written (exit 2), named with the class it was probably meant to be; --skip-unknown leaves it out, reported."""
+    from medbanana.cli import main
+
+    save(full_data / "MIMIC_tiny" / "Pleural_Efusion" / "typo.jpg", scan(40))
+    out = tmp_path / "out"
+    assert main(["prepare", "folders", str(full_data), "--out", str(out), "--size", "64", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "2 folders not in the taxonomy" in err
+    assert "MIMIC_tiny/Pleural_Efusion (did you mean Pleural_Effusion?)" in err and "MIMIC_tiny/Kidney_Stone" in err
+    assert "--skip-unknown" in err and err.count("\n") == 1 and not out.exists()
+    assert main(["prepare", "folders", str(full_data), "--out", str(out), "--size", "64", "--skip-unknown",
+                 "-q"]) == 0
+    capsys.readouterr()
+    reasons = entries_by_path(out, "MIMIC_tiny")
+    assert "(did you mean Pleural_Effusion?)" in reasons["Pleural_Efusion"]["reason"]
+    assert all(row["label"] != "Pleural_Efusion" for row in read_prepare_manifest(out))
