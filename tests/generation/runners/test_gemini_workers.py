@@ -35,7 +35,7 @@ def sources(tmp_path) -> Path:
 
 
 def _args(sources: Path, out: Path, *extra: str) -> list[str]:
-    return ["generate", "--sources", str(sources), "--out", str(out), "--concurrency", "4", "--max-rounds", "3",
+    return ["generate", "--sources", str(sources), "--out", str(out), "--backend", "gemini", "--concurrency", "4", "--max-rounds", "3",
             "--timeout", "20", "--retry-base-delay", "0.01", "-q", *extra]
 
 
