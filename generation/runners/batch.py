@@ -300,7 +300,7 @@ async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls,
 
 async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter, editor: GeminiEditor,
                           judge: GeminiJudge, options: RunOptions | None = None, config: dict | None = None, *,
-                          poll_interval: float = 30.0, inline_limit: int = INLINE_LIMIT) -> RunSummary:
+                          poll_interval: float = 30.0, inline_limit: int = INLINE_LIMIT, on_open=None) -> RunSummary:
     options = options or RunOptions()
     if not all(isinstance(b, cls) for b, cls in ((writer, GeminiWriter), (editor, GeminiEditor),
                                                   (judge, GeminiJudge))):
@@ -308,7 +308,7 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
     if not (writer.transport is editor.transport is judge.transport):
         raise ValueError("--batch needs one transport shared by the writer, the editor and the judge")
     accept = acceptance_policy(options.accept)
-    with RunSession(tasks, run_dir, options, config) as session:
+    with RunSession(tasks, run_dir, options, config, on_open) as session:
         try:
             calls = BatchCalls(writer.transport, run_dir, poll_interval=poll_interval, inline_limit=inline_limit,
                                label=f"medbanana-{session.store.config['run_id'][:8]}")

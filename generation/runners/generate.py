@@ -110,8 +110,8 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
     Backends come from `spec`, or from `backend` / `roles` / `backend_options`; `options.workers` > 1 (which
     needs a spec) spreads the tasks over that many processes. A paid backend's calls are priced with `prices` (the
     shipped table by default): spend and projection on the progress bar, and `budget` USD never passed
-    (budget.py). `announce(backends, plan)` is called once the backends are made, before any call: their names
-    and models, and what the run's unfinished tasks should cost (None when nothing is paid)."""
+    (budget.py). `announce(backends, plan)` is called once the run directory is opened, before any call: the
+    backends' names and models, and what the run's unfinished tasks should cost (None when nothing is paid)."""
     selection = selection or Selection()
     options = options or RunOptions()
     if options.workers > 1 and (spec is None or batch is not None):
@@ -141,28 +141,28 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
               **(extra_config or {})}
     if options.retry_failed:  # what the run was made of stays as recorded, whatever older format it has
         config["selection"] = recorded
-    options = _priced(options, described, prices, budget, batch is not None, (writer, editor, judge), tasks, out,
-                      announce)
+    options, plan = _priced(options, described, prices, budget, batch is not None, (writer, editor, judge), tasks,
+                            out)
+    on_open = (lambda: announce(described, plan)) if announce is not None else None  # once the folder is ours
     if batch is not None:
         from .batch import run_batch
 
-        return run_batch(tasks, out, writer, editor, judge, options, config, **batch)
+        return run_batch(tasks, out, writer, editor, judge, options, config, on_open=on_open, **batch)
     if options.workers > 1:
         from .processes import run_in_workers
 
-        return run_in_workers(tasks, out, spec, options, config)
-    return run(tasks, out, writer, editor, judge, options, config)
+        return run_in_workers(tasks, out, spec, options, config, on_open)
+    return run(tasks, out, writer, editor, judge, options, config, on_open)
 
 
 def _priced(options: RunOptions, described: dict, prices: PriceTable | None, budget: float | None, batch: bool,
-            made: tuple, tasks: list[Task], out: Path, announce) -> RunOptions:
-    """The options with the run's pricing (when a role is paid or a budget is given), after `announce`. ValueError
-    when a budget is given and a paid model has no price."""
+            made: tuple, tasks: list[Task], out: Path) -> tuple[RunOptions, Plan | None]:
+    """The options with the run's pricing (when a role is paid or a budget is given), and the estimate of what its
+    unfinished tasks cost (None when nothing is paid). ValueError when a budget is given and a paid model has no
+    price."""
     paid = any(is_paid(d["backend"]) for d in described.values())
     if not paid and budget is None:
-        if announce is not None:
-            announce(described, None)
-        return options
+        return options, None
     tries = {role: 1 + int(getattr(backend, "max_reasks", getattr(backend, "max_image_retries", 0)))
              for role, backend in zip(ROLES, made)}
     pricing = RunPricing(prices or load_prices(), described, batch, budget, tries)
@@ -170,9 +170,8 @@ def _priced(options: RunOptions, described: dict, prices: PriceTable | None, bud
         raise ValueError(f"--budget needs a price for every paid model; {', '.join(unpriced)} has none in the "
                          f"price table: give one with --prices FILE")
     plan = estimate_todo(tasks, out, pricing, options)
-    if announce is not None:
-        announce(described, plan)
-    return replace(options, pricing=replace(pricing, per_task_usd=plan.figures["usd"][0] / max(plan.tasks, 1)))
+    return replace(options, pricing=replace(pricing, per_task_usd=plan.figures["usd"][0] / max(plan.tasks, 1))), \
+        (plan if paid else None)
 
 
 def estimate_todo(tasks: list[Task], out: Path, pricing: RunPricing, options: RunOptions) -> Plan:

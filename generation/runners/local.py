@@ -80,10 +80,10 @@ async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[Instru
 
 
 async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter, editor: Editor, judge: Judge,
-                    options: RunOptions | None = None, config: dict | None = None) -> RunSummary:
+                    options: RunOptions | None = None, config: dict | None = None, on_open=None) -> RunSummary:
     options = options or RunOptions()
     accept = acceptance_policy(options.accept)
-    with RunSession(tasks, run_dir, options, config) as session:
+    with RunSession(tasks, run_dir, options, config, on_open) as session:
         store, sources = session.store, _SourceCache(options.max_pixels)
         queue: asyncio.Queue[Task] = asyncio.Queue()
         for task in session.todo:
@@ -127,8 +127,8 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         return session.end()
 
 
-def run(tasks, run_dir, writer, editor, judge, options=None, config=None) -> RunSummary:
-    return asyncio.run(run_tasks(tasks, run_dir, writer, editor, judge, options, config))
+def run(tasks, run_dir, writer, editor, judge, options=None, config=None, on_open=None) -> RunSummary:
+    return asyncio.run(run_tasks(tasks, run_dir, writer, editor, judge, options, config, on_open))
 
 
 def describe_backends(writer, editor, judge) -> dict:

@@ -252,10 +252,14 @@ class RunSession:
 
     Leaving the `with` any other way (an interruption, a crash) materialises what finished and unlocks."""
 
-    def __init__(self, tasks: list[Task], run_dir: Path, options: RunOptions, config: dict | None = None):
+    def __init__(self, tasks: list[Task], run_dir: Path, options: RunOptions, config: dict | None = None,
+                 on_open=None):
+        """`on_open()` is called once the run directory is this process's (locked, replayed), before any call."""
         self.options = options
         self.started = time.perf_counter()
         self.store, self.summary, self.todo = open_run(tasks, run_dir, options, config)
+        if on_open is not None:
+            on_open()
         self.bar = tqdm(total=len(self.todo), desc="tasks", unit="task", disable=options.quiet, dynamic_ncols=True)
         self.ledger: Ledger | None = None  # with pricing: spent (recorded rounds, then each step) and held USD
         self.finished_now = 0
