@@ -10,6 +10,7 @@ expected value within 10 % for runs of 200 tasks or more from a 10 % pilot.
 
     PYTHONPATH=.pp python bench/bench_plan.py                       # 200 and 1000 tasks, rates .3 .6 .9, 10 seeds
     PYTHONPATH=.pp python bench/bench_plan.py --sizes 200 --seeds 3  # a quick look
+    PYTHONPATH=.pp python bench/bench_plan.py --jobs 16              # on 16 idle cores
 
 A pilot is `generate --shard 0/20` (5 %) or `--shard 0/10` (10 %): a hash of each task's uid picks it, so it is a
 sample of the whole selection (a --limit would take the first tasks in sort order, one disease at a time).
@@ -21,11 +22,13 @@ import argparse
 import contextlib
 import io
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -54,18 +57,19 @@ def make_sources(root: Path, tasks: int, seed: int) -> int:
 
 
 def quiet_main(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    """(exit code, what it printed on stdout); stderr's last line joins stdout when the command fails."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
-    return code, out.getvalue()
+    return code, out.getvalue() if code == 0 else out.getvalue() + err.getvalue().strip().splitlines()[-1]
 
 
 def generate(sources: Path, out: Path, *extra: str) -> None:
-    code, _ = quiet_main(["generate", "--sources", str(sources), "--out", str(out), "--backend", "gemini",
-                          "--max-rounds", str(MAX_ROUNDS), "--concurrency", "16", "--max-attempts", "3",
-                          "--retry-base-delay", "0.01", "-q", *extra])
+    code, printed = quiet_main(["generate", "--sources", str(sources), "--out", str(out), "--backend", "gemini",
+                                "--max-rounds", str(MAX_ROUNDS), "--concurrency", "16", "--max-attempts", "3",
+                                "--retry-base-delay", "0.01", "-q", *extra])
     if code != 0:
-        raise SystemExit(f"generate into {out} ended with exit code {code}")
+        raise RuntimeError(f"generate into {out} ended with exit code {code}: {printed}")
 
 
 def one(fake: FakeGemini, work: Path, size: int, seed: int, pilots: list[float]) -> list[dict]:
@@ -135,8 +139,18 @@ def parse_args(argv=None):
     p.add_argument("--rates", type=float, nargs="+", default=[0.3, 0.6, 0.9], help="the fake judge's acceptance")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--pilots", type=float, nargs="+", default=[0.05, 0.10], help="pilot fractions")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process with its own fake "
+                                                      "server (default 1)")
     p.add_argument("--json", type=Path, help="also write every row here")
     return p.parse_args(argv)
+
+
+def unit(job: tuple) -> list[dict]:
+    """One (rate, size, seed): its own fake server, pilots, plans and full run, in a folder of its own."""
+    rate, size, seed, pilots, tmp = job
+    with FakeGemini(engine="echo", accept_rate=rate) as fake:
+        os.environ.update(GEMINI_API_KEY="bench-plan-key", GOOGLE_GEMINI_BASE_URL=fake.base_url)
+        return [{**row, "rate": rate} for row in one(fake, Path(tmp) / f"r{rate}-n{size}-s{seed}", size, seed, pilots)]
 
 
 def run(argv=None) -> list[dict]:
@@ -144,17 +158,21 @@ def run(argv=None) -> list[dict]:
     started, rows = time.perf_counter(), []
     print(f"bench_plan: {time.strftime('%Y-%m-%d')}, fake Gemini (echo engine), max rounds {MAX_ROUNDS}, "
           f"prices of the shipped table; sizes {args.sizes}, rates {args.rates}, {args.seeds} seeds, "
-          f"pilots {args.pilots}", flush=True)
+          f"pilots {args.pilots}, {os.cpu_count()} CPUs, {args.jobs} at once", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
-        for rate in args.rates:
-            with FakeGemini(engine="echo", accept_rate=rate) as fake:
-                os.environ.update(GEMINI_API_KEY="bench-plan-key", GOOGLE_GEMINI_BASE_URL=fake.base_url)
-                for size in args.sizes:
-                    for seed in range(args.seeds):
-                        work = Path(tmp) / f"r{rate}"
-                        new = [{**row, "rate": rate} for row in one(fake, work, size, seed, args.pilots)]
-                        report(new, rate)
-                        rows += new
+        jobs = [(rate, size, seed, args.pilots, tmp) for rate in args.rates for size in args.sizes
+                for seed in range(args.seeds)]
+        if args.jobs > 1:  # not a multiprocessing.Pool: its daemonic workers could not start a run's mask process
+            with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                for done in as_completed([pool.submit(unit, job) for job in jobs]):
+                    new = done.result()
+                    report(new, new[0]["rate"])
+                    rows += new
+        else:
+            for job in jobs:
+                new = unit(job)
+                report(new, job[0])
+                rows += new
     summary(rows)
     print(f"\n{len(rows)} plans checked in {time.perf_counter() - started:.0f} s")
     if args.json:

@@ -167,7 +167,7 @@ def cmd_generate(args) -> int:
         summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, spec=spec,
                            options=options, limit=args.limit,
                            batch={"poll_interval": args.poll_interval} if args.batch else None,
-                           prices=prices, budget=args.budget, announce=announcer(defaulted))
+                           prices=prices, budget=args.budget, announce=announcer(defaulted, args.quiet))
     print(summary.format())
     from .exit_codes import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
 
@@ -194,7 +194,8 @@ def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options, p
 
     from ..runners.generate import spec_models
 
-    announcer(args.backend is None and not any(getattr(args, role) for role in ROLES))(spec_models(spec), None)
+    announcer(args.backend is None and not any(getattr(args, role) for role in ROLES), args.quiet)(
+        spec_models(spec), None)
     job = ShardJob(sources, spec, options, selection=selection, modality=args.modality, limit=args.limit,
                    prices=prices, budget=args.budget)
     return run_on_ray(job, out, shards=args.shards, address=args.ray_address, cpus_per_shard=args.workers,

@@ -26,9 +26,10 @@ def usd_range(figure: tuple[float, float, float]) -> str:
     return f"{expected:.2f} USD ({low:.2f}-{high:.2f})"
 
 
-def announcer(defaulted: bool):
+def announcer(defaulted: bool, quiet: bool = False):
     """The `announce` of runners.generate.generate: prints the run's first line on stderr. `defaulted`: no
-    backend was named, so the offline default runs (said, with how to call Gemini, when a key is set)."""
+    backend was named, so the offline default runs (said, with how to call Gemini, when a key is set). With
+    `quiet` (-q) an offline run's line is left out, unless it says that; a paid run's never is."""
     def announce(described: dict, plan) -> None:
         line = f"medbanana generate: {describe_roles(described)}"
         if not any(is_paid(str(d.get("backend"))) for d in described.values()):
@@ -37,6 +38,8 @@ def announcer(defaulted: bool):
 
             if defaulted and key_is_set():
                 line += " (an API key is set, but no backend was named: --backend gemini calls Gemini, paid)"
+            elif quiet:
+                return
         elif plan is None:
             line += "; PAID: estimate it first with `medbanana plan` and the same options"
         else:
