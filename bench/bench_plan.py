@@ -133,6 +133,49 @@ def summary(rows: list[dict]) -> None:
               f"{sum(e <= 0.10 for e in errors):>5}/{len(group)}")
 
 
+def simulate(rates: list[float], sizes: list[int], pilots: list[float], seeds: int) -> list[dict]:
+    """The plan's interval checked by simulation under its model, without runs: each task's rounds drawn as the echo
+    judge makes them (accepted with probability `rate` each round, at most MAX_ROUNDS), the same per-round usage
+    for every task, a pilot of about `fraction` of the tasks (a binomial draw, as a --shard hash gives), the plan
+    made by `runners.plan.estimate` from that pilot, and the total of all the tasks as the actual."""
+    from medbanana.generation.pricing import load_prices
+    from medbanana.generation.records import Task
+    from medbanana.generation.runners.pilot import Pilot, TaskSample
+    from medbanana.generation.runners.plan import PlanSetting, estimate
+
+    backends = {"writer": {"backend": "gemini", "model": "gemini-2.5-pro"},
+                "editor": {"backend": "gemini", "model": "gemini-2.5-flash-image"},
+                "judge": {"backend": "gemini", "model": "gemini-2.5-pro"}}
+    setting = PlanSetting(backends, load_prices(), max_rounds=MAX_ROUNDS)
+    rows = []
+    for rate in rates:
+        for size in sizes:
+            tasks = [Task("SIM", "chest_xray", "Edema", "add", Path(f"t{i}.jpeg")) for i in range(size)]
+            for seed in range(seeds):
+                rng = np.random.default_rng(seed)
+                accepted_at = rng.geometric(rate, size)
+                rounds = np.minimum(accepted_at, MAX_ROUNDS)
+                samples = [TaskSample("add", int(k), (int(k),) * 3, (700 * int(k), 400 * int(k), 1000 * int(k)),
+                                      (30 * int(k), 1300 * int(k), 45 * int(k)), 1.0 * int(k), bool(a <= MAX_ROUNDS))
+                           for k, a in zip(rounds, accepted_at)]
+                actual_calls = 3 * int(rounds.sum())
+                for fraction in pilots:
+                    chosen = [s for s, pick in zip(samples, rng.random(size) < fraction) if pick]
+                    if not chosen:
+                        continue
+                    pilot = Pilot(Path("simulated"), chosen, backends, MAX_ROUNDS, (), {})
+                    plan = estimate(tasks, setting, pilot, seed=seed)
+                    usd = {"expected": plan.figures["usd"][0], "low": plan.figures["usd"][1],
+                           "high": plan.figures["usd"][2]}
+                    calls = {"expected": plan.figures["calls"][0], "low": plan.figures["calls"][1],
+                             "high": plan.figures["calls"][2]}
+                    per_call = plan.figures["usd"][0] / plan.figures["calls"][0]  # usage is the same every round
+                    rows.append({"rate": rate, "tasks": size, "seed": seed, "fraction": fraction,
+                                 "pilot_tasks": len(chosen), "calls": calls, "usd": usd,
+                                 "actual_calls": actual_calls, "actual_usd": actual_calls * per_call})
+    return rows
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[200, 1000], help="tasks per run")
@@ -142,6 +185,9 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process with its own fake "
                                                       "server (default 1)")
     p.add_argument("--json", type=Path, help="also write every row here")
+    p.add_argument("--simulate", action="store_true",
+                   help="check the interval by simulation under the plan's model instead of runs (fast: use "
+                        "--seeds 200); no fake server, no generate")
     return p.parse_args(argv)
 
 
@@ -156,6 +202,13 @@ def unit(job: tuple) -> list[dict]:
 def run(argv=None) -> list[dict]:
     args = parse_args(argv)
     started, rows = time.perf_counter(), []
+    if args.simulate:
+        rows = simulate(args.rates, args.sizes, args.pilots, args.seeds)
+        print(f"bench_plan --simulate: {time.strftime('%Y-%m-%d')}, the plan's interval under its own model, "
+              f"{args.seeds} seeds per row")
+        summary(rows)
+        print(f"\n{len(rows)} plans checked in {time.perf_counter() - started:.0f} s")
+        return rows
     print(f"bench_plan: {time.strftime('%Y-%m-%d')}, fake Gemini (echo engine), max rounds {MAX_ROUNDS}, "
           f"prices of the shipped table; sizes {args.sizes}, rates {args.rates}, {args.seeds} seeds, "
           f"pilots {args.pilots}, {os.cpu_count()} CPUs, {args.jobs} at once", flush=True)

@@ -1,9 +1,11 @@
 """`medbanana plan`: what a run will cost and how long it will take, before it starts.
 
-Every figure is (expected, low, high). With a pilot (pilot.py) the interval is a 90 % prediction interval: a
-bootstrap over the pilot's tasks (so it widens when the pilot is small), each replicate then drawing the planned
-number of tasks from it, within each direction when the pilot has at least MIN_STRATUM tasks of each (add and
-remove differ). Without one the figures follow the documented assumptions, and the interval is the least and most
+Every figure is (expected, low, high). With a pilot (pilot.py) the expected value is the pilot's mean per task
+times the planned tasks, and the interval a 90 % prediction interval: a Bayesian bootstrap over the pilot's tasks
+plus one pseudo-task spread over every possible number of rounds (so it widens when the pilot is small, and a
+pilot that saw no slow task cannot rule one out), each replicate then drawing the planned number of tasks from it,
+within each direction when the pilot has at least MIN_STRATUM tasks of each (add and remove differ). Without one
+the figures follow the documented assumptions, and the interval is the least and most
 a run can make under them: every task accepted in round 1, every task running all its rounds.
 """
 
@@ -25,6 +27,7 @@ LEVEL = 0.90
 REPLICATES = 2000
 MIN_STRATUM = 5
 EXACT_DRAWS = 200  # up to this many planned tasks per stratum, each replicate draws them one by one
+PRIOR_TASKS = 1.0  # the weight, in pilot tasks, of the pseudo-task spread over every possible number of rounds
 JOBS_PER_ROUND = 3  # --batch: the writer, editor and judge calls of a round go out as one job each
 
 # columns of a sample's figures
@@ -105,7 +108,7 @@ def estimate(tasks: list[Task], setting: PlanSetting, pilot: Pilot | None = None
     if pilot is not None:
         samples = pilot.samples
         rows, unpriced = _rows(samples, setting)
-        totals, expected, limits = _bootstrap(tasks, samples, rows, seed)
+        totals, expected, limits = _bootstrap(tasks, samples, rows, seed, setting.max_rounds)
         basis, detail = "pilot", _pilot_detail(pilot, setting, notes)
         passes = max(s.rounds for s in samples)
     else:
@@ -153,10 +156,13 @@ def _triple(expected: float, draws: np.ndarray, limits) -> tuple[float, float, f
     return float(expected), float(min(low, expected)), float(max(high, expected))
 
 
-def _bootstrap(tasks: list[Task], samples: list[TaskSample], rows: np.ndarray, seed: int):
+def _bootstrap(tasks: list[Task], samples: list[TaskSample], rows: np.ndarray, seed: int, max_rounds: int):
     """(replicate totals, expected totals, quantile levels): strata by direction when every planned direction has
-    MIN_STRATUM pilot tasks, else one. Each replicate resamples the stratum's pilot tasks, then draws its planned
-    tasks from that resample (one by one up to EXACT_DRAWS, else by the normal approximation of their sum)."""
+    MIN_STRATUM pilot tasks, else one. The expected totals are the planned tasks times the pilot's means. Each
+    replicate weighs the stratum's pilot tasks by a Bayesian bootstrap (Dirichlet(1, ..., 1) weights) together with
+    PRIOR_TASKS pseudo-task spread over every number of rounds a task can take (`_prior_atoms`), so that a small or
+    uniform pilot cannot rule out the outcomes it happened not to see; then it draws the planned tasks from that
+    weighted pilot (one by one up to EXACT_DRAWS, else by the normal approximation of their sum)."""
     rng = np.random.default_rng(seed)
     planned = Counter(t.direction for t in tasks)
     by_direction = {d: [i for i, s in enumerate(samples) if s.direction == d] for d in planned}
@@ -166,20 +172,31 @@ def _bootstrap(tasks: list[Task], samples: list[TaskSample], rows: np.ndarray, s
     totals = np.zeros((REPLICATES, WIDTH))
     expected = np.zeros(WIDTH)
     for direction, index in by_direction.items():
-        x, n, count = rows[index], len(index), planned[direction]
+        x, count = rows[index], planned[direction]
         expected += count * x.mean(axis=0)
         if count == 0:
             continue
-        resampled = rng.integers(0, n, size=(REPLICATES, n))
+        atoms = np.vstack([x, _prior_atoms(x, max_rounds)])
+        shapes = np.r_[np.ones(len(x)), np.full(len(atoms) - len(x), PRIOR_TASKS / (len(atoms) - len(x)))]
+        weights = rng.gamma(shapes, size=(REPLICATES, len(atoms)))
+        weights /= weights.sum(axis=1, keepdims=True)
         if count <= EXACT_DRAWS:
-            picks = np.take_along_axis(resampled, rng.integers(0, n, size=(REPLICATES, count)), axis=1)
-            totals += x[picks].sum(axis=1)
+            cumulative = np.cumsum(weights, axis=1)
+            picks = np.stack([np.searchsorted(cumulative[b], rng.random(count) * cumulative[b, -1])
+                              for b in range(REPLICATES)])
+            totals += atoms[np.minimum(picks, len(atoms) - 1)].sum(axis=1)
         else:
-            draws = x[resampled]
-            spread = draws.std(axis=1, ddof=1) if n > 1 else np.zeros((REPLICATES, WIDTH))
-            totals += count * draws.mean(axis=1) + math.sqrt(count) * spread * rng.standard_normal((REPLICATES, 1))
+            mean = weights @ atoms
+            spread = np.sqrt(np.maximum(weights @ atoms ** 2 - mean ** 2, 0))
+            totals += count * mean + math.sqrt(count) * spread * rng.standard_normal((REPLICATES, 1))
     totals = np.maximum(totals, 0)
     return totals, expected, [(1 - LEVEL) / 2, (1 + LEVEL) / 2]
+
+
+def _prior_atoms(x: np.ndarray, max_rounds: int) -> np.ndarray:
+    """A task of k rounds for k = 1..max_rounds, each round at the pilot's mean figures per round."""
+    per_round = x.sum(axis=0) / max(x[:, ROUNDS].sum(), 1)
+    return np.stack([k * per_round for k in range(1, max_rounds + 1)])
 
 
 def _wall_time(n_tasks: int, expected, totals, limits, setting: PlanSetting, models: dict, passes: int):
@@ -234,7 +251,8 @@ def _pilot_detail(pilot: Pilot, setting: PlanSetting, notes: list[str]) -> dict:
         notes.append(f"the pilot has {n} finished tasks: the interval is wide; 30 or more make it useful")
     return {"run": str(pilot.run_dir), "tasks": n, "statuses": pilot.statuses,
             "success_rounds": {str(k): v for k, v in sorted(rounds.items())},
-            "interval": f"{LEVEL:.0%} bootstrap prediction interval over the pilot's tasks ({REPLICATES} replicates)"}
+            "interval": f"{LEVEL:.0%} prediction interval: a Bayesian bootstrap over the pilot's tasks ({REPLICATES} "
+                        f"replicates, with {PRIOR_TASKS:g} pseudo-task over every possible number of rounds)"}
 
 
 def destinations(backends: dict) -> list[dict]:

@@ -146,3 +146,28 @@ def test_retry_failed_starts_only_api_failed_tasks_whatever_the_sources_hold_now
     ran = {e["uid"] for e in entries[lines_before:]}
     # the writer's and editor's answers come from the request cache; the judge, which failed, is asked again
     assert ran == failed and fake.count("judge") == sum(e["type"] == "round" for e in entries[lines_before:])
+
+
+def test_ray_shards_share_what_the_budget_leaves_and_each_keeps_to_its_part(fake, tmp_path):
+    from medbanana.generation.backends.settings import GeminiSettings
+    from medbanana.generation.runners.generate import BackendSpec
+    from medbanana.generation.runners.ray_executor import ShardJob, run_shard, shard_budgets, shard_dir
+    from medbanana.generation.runners.session import RunOptions
+
+    sources = mimic_sources(tmp_path / "sources", "MIMIC_shards", per_class=2)
+    spec = BackendSpec("gemini", dict.fromkeys(("writer", "editor", "judge"), "gemini"),
+                       gemini=GeminiSettings(max_attempts=1, retry_base_delay=0.01))
+    job = ShardJob(sources, spec, RunOptions(max_rounds=3, quiet=True), prices=load_prices(), budget=0.9)
+    out = tmp_path / "out"
+    first = run_shard(job, 0, 3, str(out), budget=0.3)  # shard 0 spends its part first (as a resubmission finds)
+    assert first.budget_reached and _spent(shard_dir(out, 0, 3)) <= 0.3
+    spent0 = _spent(shard_dir(out, 0, 3))
+    budgets = shard_budgets(job, out, [0, 1, 2], 3)
+    assert budgets[0] == pytest.approx(spent0 + (0.9 - spent0) / 3, abs=1e-3)
+    assert sum(budgets.values()) == pytest.approx(0.9, abs=1e-3)  # together, never more than the job's budget
+    for i in (1, 2):
+        assert budgets[i] == pytest.approx((0.9 - spent0) / 3, abs=1e-3)
+        run_shard(job, i, 3, str(out), budget=budgets[i])
+        assert _spent(shard_dir(out, i, 3)) <= budgets[i]
+    assert sum(_spent(shard_dir(out, i, 3)) for i in range(3)) <= 0.9
+    assert shard_budgets(ShardJob(sources, spec, RunOptions()), out, [1], 3) == {1: None}
