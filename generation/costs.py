@@ -121,18 +121,22 @@ class CostReport:
                                       "usd": None if line.usd is None else round(line.usd, 4)}
                           for line in self.lines}}
 
-    def format_lines(self, indent: str = "  ") -> list[str]:
-        """Tokens and USD per role and model, then the total (naming any model without a price)."""
-        out = []
-        for line in self.lines:
-            usd = "no price" if line.usd is None else f"{line.usd:.2f} USD"
-            out.append(f"{indent}{line.role:<7} {line.backend} {line.model}: {line.input_tokens:,} in, "
-                       f"{line.output_tokens:,} out tokens, {line.calls:,} calls, {usd}")
-        total = f"{self.usd:.2f} USD" + (" (Batch API price)" if self.batch else "")
-        if self.unpriced:
-            total += f" + the calls of {', '.join(self.unpriced)} (no price: give --prices FILE)"
-        out.append(f"{indent}cost    {total}")
-        return out
+
+def cost_lines(cost: dict, spent_now: float | None = None) -> list[str]:
+    """Lines of tokens and USD per role and model, then the total naming any model without a price (a
+    CostReport's as_dict, as medbanana-stats.json keeps it)."""
+    lines = ["  tokens and cost of the run's recorded rounds:"]
+    for role, line in cost["roles"].items():
+        usd = "no price" if line["usd"] is None else f"{line['usd']:.2f} USD"
+        names = ascii(f"{line['backend']} {line['model']}")[1:-1]  # from a run file: no control characters
+        lines.append(f"    {role:<7} {names}: {line['input_tokens']:,} in, "
+                     f"{line['output_tokens']:,} out, {line['calls']:,} calls, {usd}")
+    unpriced = (f" + the calls of {ascii(', '.join(cost['unpriced_models']))[1:-1]} (no price: give --prices FILE)"
+                if cost["unpriced_models"] else "")
+    batch = " at Batch API prices" if cost.get("batch") else ""
+    now = f"; this invocation {spent_now:.2f} USD" if spent_now is not None else ""
+    lines.append(f"    total   {cost['usd']:.2f} USD{unpriced}{batch}{now}")
+    return lines
 
 
 def cost_report(tally: Tally, backends: dict, prices: PriceTable, batch: bool = False) -> CostReport:

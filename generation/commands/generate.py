@@ -171,7 +171,8 @@ def cmd_generate(args) -> int:
     print(summary.format())
     from .exit_codes import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
 
-    return budget_exit(summary, getattr(args, "argv", None)) or generate_exit_code(summary)
+    incomplete = generate_exit_code(summary)
+    return budget_exit(summary, getattr(args, "argv", None)) or incomplete
 
 
 def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options, prices):

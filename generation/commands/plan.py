@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .options import (add_backend_choice, add_model_options, add_prices_option, add_rate_limits,
                       add_selection_options, count)
-from .spending import describe_roles, usd_range
+from .spending import describe_roles, shown, usd_range
 
 
 def cmd_plan(args) -> int:
@@ -86,10 +86,10 @@ def plan_text(plan, places: list[dict]) -> str:
 
     lines = [f"medbanana plan: {plan.tasks:,} tasks; {describe_roles(plan.setting.backends)}"]
     lines.append("tasks by dataset, direction and disease:")
-    lines += [f"  {_safe(k['dataset'])} {k['direction']} {_safe(k['disease'])}: {k['tasks']:,}" for k in plan.kinds]
+    lines += [f"  {shown(k['dataset'])} {k['direction']} {shown(k['disease'])}: {k['tasks']:,}" for k in plan.kinds]
     if plan.basis == "pilot":
         d = plan.basis_detail
-        lines.append(f"measured on the pilot {_safe(d['run'])}: {d['tasks']:,} finished tasks; "
+        lines.append(f"measured on the pilot {shown(d['run'])}: {d['tasks']:,} finished tasks; "
                      f"figures: expected ({d['interval']})")
     else:
         a = plan.basis_detail
@@ -104,23 +104,19 @@ def plan_text(plan, places: list[dict]) -> str:
     lines.append("tokens and USD per model" + (" (Batch API prices)" if plan.setting.batch else "") + ":")
     for model, roles in plan.models().items():
         usd = "no price" if model in plan.unpriced else usd_range(plan.figures[f"usd.{model}"])
-        lines.append(f"  {_safe(model)} ({', '.join(roles)}): {triple(f'input.{model}')} in, "
+        lines.append(f"  {shown(model)} ({', '.join(roles)}): {triple(f'input.{model}')} in, "
                      f"{triple(f'output.{model}')} out tokens; {usd}")
-    unpriced = (f" + the calls of {', '.join(map(_safe, plan.unpriced))}: no price, give --prices FILE"
+    unpriced = (f" + the calls of {', '.join(map(shown, plan.unpriced))}: no price, give --prices FILE"
                 if plan.unpriced else "")
     prices = plan.setting.prices.describe()
     lines.append(f"USD     {usd_range(plan.figures['usd'])}{unpriced}; prices read {prices['read_on']}"
                  + (f", {prices['override']} over them" if prices["override"] else ""))
     lines.append(f"time    {triple('seconds', _duration)}, limited by {plan.limited_by}")
     lines.append("destinations: " + "; ".join(
-        f"{_safe(p['backend'])}: " + ", ".join(f"{_safe(m['model'])} as {' and '.join(m['roles'])}"
+        f"{shown(p['backend'])}: " + ", ".join(f"{shown(m['model'])} as {' and '.join(m['roles'])}"
                                                for m in p["models"]) for p in places))
     lines += [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
-
-
-def _safe(value) -> str:
-    return ascii(str(value))[1:-1]
 
 
 def register(sub) -> None:

@@ -13,12 +13,14 @@ from ..pricing import is_paid
 
 def describe_roles(described: dict) -> str:
     """'writer gemini gemini-2.5-pro, editor ...' (text from the options or a run file: printed escaped)."""
-    return ", ".join(f"{role} {_shown(d.get('backend'))} {_shown(d.get('model'))}".rstrip()
+    return ", ".join(f"{role} {shown(d.get('backend'))} {shown(d.get('model'))}".rstrip()
                      for role, d in described.items())
 
 
-def _shown(value) -> str:
-    return ascii(str(value or ""))[1:-1]  # no control or escape character reaches the terminal
+def shown(value) -> str:
+    """A value from the options, a run file or a folder name as printed: no control or escape character reaches
+    the terminal."""
+    return ascii(str(value if value is not None else ""))[1:-1]
 
 
 def usd_range(figure: tuple[float, float, float]) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..backends.settings import remove_batch_files
-from ..costs import Tally, cost_report, rounds_of
+from ..costs import Tally, cost_lines, cost_report, rounds_of
 from ..failures import SOURCE_MISSING
 from ..files import atomic_write_json
 from ..pricing import load_prices
@@ -133,19 +133,6 @@ class RunSummary:
                       f"  load it: python -c 'from datasets import load_dataset; "
                       f"print(load_dataset(\"{self.dataset_dir}\", \"dpo_pairs\"))'"]
         return "\n".join(lines)
-
-
-def cost_lines(cost: dict, spent_now: float) -> list[str]:
-    """The summary's lines of tokens and USD per role and model (a CostReport's as_dict)."""
-    lines = ["  tokens and cost of the run's recorded rounds:"]
-    for role, line in cost["roles"].items():
-        usd = "no price" if line["usd"] is None else f"{line['usd']:.2f} USD"
-        lines.append(f"    {role:<7} {line['backend']} {line['model']}: {line['input_tokens']:,} in, "
-                     f"{line['output_tokens']:,} out, {line['calls']:,} calls, {usd}")
-    unpriced = f" + {', '.join(cost['unpriced_models'])} (no price)" if cost["unpriced_models"] else ""
-    batch = " at Batch API prices" if cost.get("batch") else ""
-    lines.append(f"    total   {cost['usd']:.2f} USD{unpriced}{batch}; this invocation {spent_now:.2f} USD")
-    return lines
 
 
 def recorded_rounds(store: RunStore) -> list[dict]:

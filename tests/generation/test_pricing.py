@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from medbanana.generation.costs import Tally, cost_report
+from medbanana.generation.costs import Tally, cost_lines, cost_report
 from medbanana.generation.pricing import load_prices
 from medbanana.generation.records import Usage
 
@@ -39,7 +39,7 @@ def test_a_model_without_a_price_is_named_and_a_local_backend_costs_nothing():
                                  "judge": {"backend": "gemini", "model": "gemini-2.5-pro"}}, table)
     assert report.unpriced == ["gemini-9-ultra"]
     assert report.usd == pytest.approx((500 * 0.3 + 1290 * 30) / 1e6)
-    assert "gemini-9-ultra (no price" in report.format_lines()[-1]
+    assert "the calls of gemini-9-ultra (no price" in cost_lines(report.as_dict())[-1]
 
 
 def test_a_prices_file_replaces_the_models_it_names(tmp_path):
