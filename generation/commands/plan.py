@@ -124,9 +124,10 @@ def register(sub) -> None:
         "plan", help="what a generate run would cost and how long it would take, before it runs",
         description="Count the tasks `generate` would run with the same options, and estimate calls per role, "
                     "tokens and USD per model and wall time, each with an interval. With --pilot RUN (a finished "
-                    "run, e.g. `generate --shard 0/20` for a 5%% sample) the figures are measured on its tasks and "
-                    "the interval is a 90%% bootstrap prediction interval; without one they follow documented "
-                    "assumptions, printed as such. Nothing is called; no key is needed.")
+                    "run, e.g. `generate --shard 0/20` for a 5 percent sample) the figures are measured on its "
+                    "tasks and the interval is a 90 percent prediction interval (a Bayesian bootstrap over them); "
+                    "without one they follow documented assumptions, printed as such. Nothing is called; no key is "
+                    "needed. docs/plan-and-budget.md says how.")
     add_selection_options(p)
     p.add_argument("--out", type=Path, metavar="RUN_DIR", help="the run directory the run would resume: the tasks "
                                                                "it finished are left out")
