@@ -115,7 +115,7 @@ def plan_text(plan, places: list[dict]) -> str:
     lines.append("destinations: " + "; ".join(
         f"{shown(p['backend'])}: " + ", ".join(f"{shown(m['model'])} as {' and '.join(m['roles'])}"
                                                for m in p["models"]) for p in places))
-    lines += [f"note: {note}" for note in plan.notes]
+    lines += [f"note: {shown(note)}" for note in plan.notes]  # they may name what a pilot run recorded
     return "\n".join(lines)
 
 
