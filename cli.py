@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a command that prints how to go on
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

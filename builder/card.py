@@ -24,6 +24,7 @@ from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from ..generation.masks import MASK_METHOD, RECOMPUTE
 from .run_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
 from .output import BUILD_INFO
+from .cost_note import cost_json, cost_note
 from .paper import card_section
 from .stats import UNMARKED, BuildStats
 
@@ -132,6 +133,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
                                      for (run, dataset, modality), n in sorted(stats.datasets.items())),
         "build_note": build_note, "acceptance_note": acceptance,
         "destinations_note": destinations_note(destinations or {}),
+        "cost_note": cost_note(stats, md_escape),
     }
     return Template(card_template()).substitute(values)
 
@@ -352,4 +354,4 @@ def build_info(units, configs, splits, files, stats: BuildStats, test_fraction, 
             "mask_method": MASK_METHOD if stats.mask_origins[STORED] or stats.mask_origins[COMPUTED] else None,
             "configs": {c: {s: {"rows": stats.rows[(c, s)], "files": files.get(c, {}).get(s, [])} for s in splits}
                         for c in configs},
-            "stats": stats.to_json()}
+            "stats": stats.to_json(), "cost": cost_json(stats)}

@@ -56,6 +56,7 @@ class AttemptRecord(msgspec.Struct, gc=False):
     accepted: bool = False
     image: str | None = None  # path relative to the run directory; None when no image was produced
     seconds: float | None = None
+    usage_json: msgspec.Raw | None = None  # tokens per role (ours), decoded only to count them (stats.py)
 
     @property
     def writer_thinking(self) -> str | None:

@@ -10,6 +10,9 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
+import msgspec
+
+from ..generation.costs import ROLES, tokens_of
 from ..generation.records import FALSE_WORDS, TRUE_WORDS, as_bool, as_score
 from ..generation.rundir.provenance import read_mark
 from .reasons import count_phrases
@@ -64,6 +67,7 @@ class BuildStats:
     refused: Counter = field(default_factory=Counter)  # kind (safety.OUTSIDE, ...) -> refusals
     refusals: list = field(default_factory=list)  # every refusal's message: the file, who named it, why
     refused_tasks: int = 0  # tasks left out (a refused folder or JSON file leaves out what it held, uncounted)
+    tokens: Counter = field(default_factory=Counter)  # (role, model, "steps" | "input" | "output") -> count
 
     def add_refusal(self, exc, task_left_out: bool = True) -> None:
         """Record a `safety.Refused` whose input is left out."""
@@ -95,6 +99,7 @@ class BuildStats:
         if accepted is not None and task.success_round is None:
             self.no_pair["round unknown (image-only release)"] += 1
         self.attempts[(modality, task.direction)] += len(task.attempts)
+        self._count_tokens(task)
         add = task.direction == "add"
         verdicts, rejection_texts, edit_errors = self.verdicts, self.rejection_texts, 0
         for attempt in task.attempts:  # ~280,000 attempts in a release: locals, and as_bool only for a non-bool
@@ -126,6 +131,24 @@ class BuildStats:
                 example = looked_for(task.dataset, task.direction, task.disease, task.source_id, task.source_path)
                 if example not in self.source_missing_examples:  # one source serves several tasks
                     self.source_missing_examples.append(example)
+
+    def _count_tokens(self, task: TaskRecord) -> None:
+        """The tokens each attempt's writer, editor and judge calls used, per role and model, where recorded."""
+        models = task.models if isinstance(task.models, dict) else {}
+        for attempt in task.attempts:
+            if attempt.usage_json is None:
+                continue
+            try:
+                usage = msgspec.json.decode(attempt.usage_json)
+            except msgspec.DecodeError:
+                continue
+            for role in ROLES:
+                tokens = tokens_of(usage.get(role)) if isinstance(usage, dict) else None
+                if tokens is not None:
+                    model = str(models.get(role) or "unknown")
+                    self.tokens[(role, model, "steps")] += 1
+                    self.tokens[(role, model, "input")] += tokens[0]
+                    self.tokens[(role, model, "output")] += tokens[1]
 
     def dimension_counts(self) -> dict[str, tuple[int, int]]:
         """dimension -> (attempts passing it, judged attempts reporting it)."""

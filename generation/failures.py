@@ -7,6 +7,8 @@
     3  generate: some tasks ended api_failed (API errors, unreadable sources); `--retry-failed RUN_DIR` retries
        them. eval: no sample could be scored, or a judge was asked for and no sample got a verdict.
     4  generate: a process of the run died (a --workers child, a Ray shard after its retries; runners/processes.py).
+    5  generate: the --budget was reached: no more rounds started, finished work is kept; the same command with a
+       higher --budget goes on (runners/budget.py).
    75  another process holds the run directory's or output folder's lock (generation/lock.py); try again later.
   130  interrupted (Ctrl-C); finished work is kept.
 (`verify` has its own: 1 when a file does not match.)
@@ -25,6 +27,7 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
 EXIT_INFRASTRUCTURE = 4  # a process of the run died: not the user's error nor the API's
+EXIT_BUDGET = 5  # generate --budget: the next round would not fit
 TOP = 5  # reasons printed
 # the failure kind of an api_failed task ended by `generate --retry-failed --drop-missing-sources`: its source is
 # gone, so no retry can run it; the exit code does not count it

@@ -146,12 +146,12 @@ def _rounds(task: Task, source: SourceImage, attempts: list[Attempt], max_rounds
             try:
                 edited = yield EditImage(task, source, instruction.text, attempt_seed(seed, task, round_no))
             except EditRefused as refused:  # no image this round: recorded, and the writer sees why
-                attempt = Attempt(round_no, instruction, edit_error=str(refused))
+                attempt = Attempt(round_no, instruction, edit_error=str(refused), edit_usage=refused.usage)
             else:
                 step = "verify_image"
                 verdict = yield JudgeEdit(task, source, edited, instruction.text)
                 attempt = Attempt(round_no, instruction, verdict, accepted=accept(verdict, task),
-                                  edit_details=edited.details)
+                                  edit_details=edited.details, edit_usage=edited.usage)
         except APIError as error:
             return TaskOutcome(task, "api_failed", attempts, ApiFailure(step, round_no, str(error), error.kind))
         yield RoundFinished(task, attempt, edited)

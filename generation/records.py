@@ -315,6 +315,7 @@ class Attempt:
     image_relpath: str = ""  # relative to the run directory
     seconds: float = 0.0
     edit_details: dict = field(default_factory=dict)
+    edit_usage: Usage = field(default_factory=Usage)  # the editor's tokens (also of a refused edit, when known)
 
     def to_round_json(self) -> dict:
         out: dict[str, Any] = {"round": self.round,
@@ -325,7 +326,7 @@ class Attempt:
                # our additions
                "instruction": self.instruction.text, "accepted": self.accepted, "image": self.image_relpath,
                "seconds": round(self.seconds, 3),
-               "usage": {"writer": asdict(self.instruction.usage),
+               "usage": {"writer": asdict(self.instruction.usage), "editor": asdict(self.edit_usage),
                          "judge": asdict(self.verdict.usage) if self.verdict else None}}
         if self.edit_error:
             out["edit_result"]["error"] = self.edit_error

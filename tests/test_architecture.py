@@ -13,8 +13,8 @@ PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation", "review
 # contract (rundir) and the sources below the runners; the builder reads run directories, evaluation reads both.
 BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "generation.files", "generation.secrets",
         "generation.extras", "generation.failures", "generation.anatomy", "generation.raster",
-        "generation.masks", "generation.acceptance",
-        "generation.destinations", "generation.mask_check", "generation.interrupts"}
+        "generation.masks", "generation.acceptance", "generation.destinations", "generation.mask_check",
+        "generation.interrupts", "generation.pricing", "generation.costs"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,

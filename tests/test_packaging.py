@@ -36,7 +36,8 @@ def test_wheel_installs_under_the_medbanana_namespace_only(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.startswith("medbanana-")}
     assert top == {"medbanana"}, top
-    for needed in ("medbanana/generation/taxonomy.json", "medbanana/dataset_card.md", "medbanana/cli.py",
+    for needed in ("medbanana/generation/taxonomy.json", "medbanana/generation/prices.json", "medbanana/dataset_card.md",
+                   "medbanana/cli.py",
                    "medbanana/medbanana_50k.py", "medbanana/demo.py", "medbanana/export.py", "medbanana/builder/__init__.py", "medbanana/loaders/__init__.py",
                    "medbanana/review/zoom.js"):
         assert needed in names, needed

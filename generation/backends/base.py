@@ -16,7 +16,7 @@ import importlib
 from types import MappingProxyType
 from typing import Mapping
 
-from ..records import EditedImage, Instruction, SourceImage, Task, Verdict, Attempt
+from ..records import EditedImage, Instruction, SourceImage, Task, Usage, Verdict, Attempt
 from ..secrets import scrub
 
 
@@ -27,12 +27,14 @@ class BackendError(Exception):
 class EditRefused(BackendError):
     """A permanent, per-attempt failure: safety block, no image in the answer, invalid argument.
 
-    The loop records the round with this reason and goes on to the next round; it is not retried as is.
+    The loop records the round with this reason and goes on to the next round; it is not retried as is. `usage`:
+    the tokens the refused calls were billed for, when the answers said.
     """
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, usage: Usage | None = None):
         super().__init__(scrub(f"{kind}: {message}"))  # messages quote answers, which may echo the key
         self.kind = kind
+        self.usage = usage or Usage()
 
 
 class APIError(BackendError):

@@ -217,15 +217,16 @@ class GeminiEditor(_GeminiBackend, Editor):
                 raise
             usage = add_usage(usage, answer.usage)
             if answer.block_reason:
-                raise EditRefused("prompt_blocked", f"{self.model} blocked the edit prompt: {answer.block_reason}")
+                raise EditRefused("prompt_blocked", f"{self.model} blocked the edit prompt: {answer.block_reason}",
+                                  usage)
             if answer.finish_reason in REFUSAL_REASONS:
                 raise EditRefused(answer.finish_reason.lower(),
-                                  f"{self.model} refused the edit ({answer.finish_reason}): {answer.text[:200]}")
+                                  f"{self.model} refused the edit ({answer.finish_reason}): {answer.text[:200]}", usage)
             if answer.images:
                 return self._edited(answer, usage, number, config.seed)
             missing = "no_image" if answer.finish_reason == "NO_IMAGE" else "text_only"
         raise EditRefused(missing, f"{self.model} returned no image in {tries} tries (last finish reason "
-                                   f"{answer.finish_reason or 'none'}): {answer.text[:200]!r}")
+                                   f"{answer.finish_reason or 'none'}): {answer.text[:200]!r}", usage)
 
     def _edited(self, answer: Answer, usage: Usage, tries: int, seed: int) -> EditedImage:
         data, mime_type = answer.images[-1].data, answer.images[-1].mime_type

@@ -10,50 +10,14 @@ from pathlib import Path
 from ..destinations import ZERO_RETENTION
 from ..records import DEFAULT_MAX_PIXELS
 from ..rundir.lock import hold_for_command
-from ..taxonomy import DIRECTIONS, load_taxonomy
-
-
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard wants i/N, e.g. 0/4, not {text!r}") from None
-    if not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= i < N")
-    return index, count
-
-
-def whole_number(text: str, minimum: int = 1, auto: bool = False) -> int | str:
-    """A whole number of at least `minimum`, or also 'auto' (`--workers`): argparse adds the option's name."""
-    if auto and text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"want a whole number of at least {minimum}{' or auto' if auto else ''}, "
-                                         f"not {text!r}")
-    return value
-
-
-def _count(text: str) -> int | str:
-    return whole_number(text)
+from .options import (add_backend_choice, add_model_options, add_openai_endpoint_options, add_prices_option,
+                      add_rate_limits, add_selection_options, add_vertex_options, count as _count,
+                      positive as _positive, whole_number)
+from .spending import announcer, budget_exit
 
 
 def _workers(text: str) -> int | str:
     return whole_number(text, auto=True)
-
-
-def _positive(text: str) -> float:
-    """A number above 0 (seconds, rates): argparse adds the option's name."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"want a number above 0, not {text!r}")
-    return value
 
 
 def _accept(text: str) -> str:
@@ -137,13 +101,17 @@ def _generate(args, out: Path) -> int:
                   f"(sources_root); give --sources", file=sys.stderr)
             return 2
         take_recorded_options(args, recorded)
+    # no backend named by the user or by the run being retried: the offline default (a key in the environment or not)
+    defaulted = not (args.backend or any(getattr(args, role) for role in ROLES) or args.vertex or args.vertex_project
+                     or args.vertex_location)
     for name, default in RUN_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
-    # a project alone means Vertex AI; so does the SDK's own GOOGLE_GENAI_USE_VERTEXAI
-    vertex = bool(args.vertex or args.vertex_project or args.vertex_location or VertexTarget.from_environment())
-    backend = args.backend or ("gemini" if vertex else default_backend())
+    # a project alone means Vertex AI; so does the SDK's own GOOGLE_GENAI_USE_VERTEXAI, for a gemini role
+    named_vertex = bool(args.vertex or args.vertex_project or args.vertex_location)  # naming Gemini on Vertex AI
+    vertex = named_vertex or VertexTarget.from_environment() is not None
+    backend = args.backend or ("gemini" if named_vertex else default_backend())
     if vertex and args.batch:  # Vertex AI batch prediction reads Cloud Storage or BigQuery, not inline requests
         print("medbanana generate: --batch uses the Gemini API's Batch and Files API, which Vertex AI does not "
               "offer: drop --batch or --vertex", file=sys.stderr)
@@ -183,25 +151,30 @@ def _generate(args, out: Path) -> int:
     c2pa = signing_credentials(args.c2pa_cert, args.c2pa_key)
     if isinstance(c2pa, int):
         return c2pa
+    from ..pricing import load_prices
+
+    prices = load_prices(args.prices)  # a bad file: ValueError, one line
     options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
                          accept=args.accept, retry_failed=bool(args.retry_failed),
                          drop_missing_sources=args.drop_missing_sources, shard=args.shard,
                          workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels, c2pa=c2pa)
     if args.executor == "ray":
-        summary = _generate_on_ray(args, Path(sources), Path(out), selection, spec, options)
+        summary = _generate_on_ray(args, Path(sources), Path(out), selection, spec, options, prices)
         if isinstance(summary, int):
             return summary
     else:
         summary = generate(Path(sources), Path(out), selection=selection, modality=args.modality, spec=spec,
                            options=options, limit=args.limit,
-                           batch={"poll_interval": args.poll_interval} if args.batch else None)
+                           batch={"poll_interval": args.poll_interval} if args.batch else None,
+                           prices=prices, budget=args.budget, announce=announcer(defaulted, args.quiet))
     print(summary.format())
     from .exit_codes import generate_exit_code  # 3 when tasks ended api_failed, reasons on stderr
 
-    return generate_exit_code(summary)
+    incomplete = generate_exit_code(summary)
+    return budget_exit(summary, getattr(args, "argv", None)) or incomplete
 
 
-def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options):
+def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options, prices):
     """`--executor ray`: the shards as Ray tasks, then merged into --out (runners/ray_executor.py); an exit code
     after a line on stderr for options it does not take."""
     refused = [name for name, given in (("--shard", args.shard), ("--retry-failed", args.retry_failed),
@@ -220,9 +193,13 @@ def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options):
     from ..runners.generate import select_tasks, sent_to
     from ..runners.ray_executor import ShardJob, run_on_ray
 
-    sent_to(select_tasks(sources, selection, args.modality, args.limit), sources, spec)  # each shard checks again
+    from ..runners.generate import spec_models
 
-    job = ShardJob(sources, spec, options, selection=selection, modality=args.modality, limit=args.limit)
+    sent_to(select_tasks(sources, selection, args.modality, args.limit), sources, spec)  # each shard checks again
+    announcer(args.backend is None and not any(getattr(args, role) for role in ROLES), args.quiet)(
+        spec_models(spec), None)
+    job = ShardJob(sources, spec, options, selection=selection, modality=args.modality, limit=args.limit,
+                   prices=prices, budget=args.budget)
     return run_on_ray(job, out, shards=args.shards, address=args.ray_address, cpus_per_shard=args.workers,
                       gpus_per_shard=args.ray_gpus_per_shard, quiet=args.quiet)
 
@@ -250,26 +227,22 @@ def register(sub) -> None:
                                    "under --sources and write the Med-Banana layout to --out. Sources use the original "
                                    "scripts' layout: SOURCES/{D}/normal/*.jpeg (add) and SOURCES/{D}/{Disease}/*.jpeg "
                                    "(remove), or one such {D} folder. Rerunning on the same --out skips finished tasks.")
-    p.add_argument("--sources", type=Path, help="folder of dataset folders, or one dataset folder")
     p.add_argument("--out", type=Path, help="run directory (created; reused to resume)")
-    p.add_argument("--modality", choices=sorted(load_taxonomy().modalities),
-                   help="modality of the dataset folders when their names do not tell")
-    p.add_argument("--modalities", nargs="+", metavar="M", help="only these modalities")
-    p.add_argument("--diseases", nargs="+", metavar="D", help="only these diseases (folder or display names)")
-    p.add_argument("--directions", nargs="+", choices=DIRECTIONS, help="only these directions (default both)")
-    p.add_argument("--backend", help="backend for all roles: simulator (offline) or gemini (default: gemini when "
-                                     "GEMINI_API_KEY/GOOGLE_API_KEY is set, else simulator)")
-    p.add_argument("--writer", help="backend name for the instruction writer (overrides --backend)")
-    p.add_argument("--editor", help="backend name for the editor (overrides --backend)")
-    p.add_argument("--judge", help="backend name for the judge (overrides --backend)")
+    add_selection_options(p)
+    add_backend_choice(p)
+    g = p.add_argument_group(
+        "cost (`medbanana plan` estimates it first)",
+        "A paid backend's calls are priced with the shipped table (generation/prices.json, dated) or --prices; "
+        "the first line names each role's backend and model and the estimate, the progress bar shows spend and "
+        "projected total, the summary and medbanana-stats.json the tokens and USD per role and model.")
+    g.add_argument("--budget", type=_positive, metavar="USD",
+                   help="never spend more than this on the run directory in all (earlier invocations included): "
+                        "no round starts that might pass it; finished work is kept, and the run ends with exit code "
+                        "5 and the command to go on with a higher --budget")
+    add_prices_option(g)
     g = p.add_argument_group("gemini backend (key from GEMINI_API_KEY or GOOGLE_API_KEY; never stored)")
-    g.add_argument("--editor-model", help="editor model id (gemini: default gemini-2.5-flash-image; diffusers: a "
-                                          "local folder or Hugging Face id, required)")
-    g.add_argument("--writer-model", help="instruction writer model id (default gemini-2.5-pro)")
-    g.add_argument("--judge-model", help="judge model id (default gemini-2.5-pro)")
-    g.add_argument("--rpm", type=_positive, help="client-side limit of requests per minute per model (default: none)")
-    g.add_argument("--tpm", type=_positive, help="client-side limit of tokens per minute per model, from the usage "
-                                             "each answer reports (default: none)")
+    add_model_options(g)
+    add_rate_limits(g)
     g.add_argument("--timeout", type=_positive, default=180.0, help="seconds per call before it is retried (default 180)")
     g.add_argument("--max-attempts", type=_count, default=6,
                    help="tries per call on 408/429/5xx/transport errors, with back-off and jitter (default 6)")
@@ -277,12 +250,7 @@ def register(sub) -> None:
                    help="first back-off, doubled per retry up to 60 s; a longer Retry-After wins (default 2)")
     g.add_argument("--no-image-aware-writer", dest="image_aware_writer", action="store_false",
                    help="round 1's instruction from text only (default: the writer also sees the source image)")
-    g.add_argument("--vertex", action="store_true",
-                   help="call Gemini on Vertex AI (same models, your Google Cloud project; Application Default "
-                        "Credentials, or an API key in express mode); GOOGLE_GENAI_USE_VERTEXAI=true does the same")
-    g.add_argument("--vertex-project", metavar="PROJECT", help="Vertex AI project (default GOOGLE_CLOUD_PROJECT)")
-    g.add_argument("--vertex-location", metavar="LOCATION",
-                   help="Vertex AI location, e.g. us-central1 (default GOOGLE_CLOUD_LOCATION, else global)")
+    add_vertex_options(g)
     g.add_argument("--batch", action="store_true",
                    help="use the Batch API (half price, slow): each round's writer, editor and judge calls of all "
                         "pending tasks go out as one job each; rerunning resumes polling submitted jobs")
@@ -294,16 +262,7 @@ def register(sub) -> None:
         "key from OPENAI_API_KEY when the server needs one, never stored. --editor diffusers: --editor-model is a "
         "local folder or a Hugging Face id of an InstructPix2Pix-style pipeline (HF_HUB_OFFLINE=1: cache only). "
         "--rpm, --timeout, --max-attempts and --retry-base-delay apply to openai calls too.")
-    g.add_argument("--openai-base-url", metavar="URL",
-                   help="chat-completions server, e.g. http://localhost:8000/v1 (default: OPENAI_BASE_URL, else "
-                        "api.openai.com)")
-    g.add_argument("--attest-endpoint", choices=(ZERO_RETENTION,),
-                   help="you attest that the remote OpenAI-compatible endpoint (--openai-base-url) keeps no data, "
-                        "trains on none and lets no human review it: its destination class becomes "
-                        "cloud-no-retention, which credentialed sources may go to (recorded in the run; "
-                        "docs/data-destinations.md)")
-    g.add_argument("--openai-model", metavar="NAME", help="model name as the server knows it, for writer and judge "
-                                                          "(--writer-model / --judge-model override per role)")
+    add_openai_endpoint_options(g)
     g.add_argument("--structured-output", choices=("json_schema", "json_object", "none"), default="json_schema",
                    help="how the openai judge asks for its JSON verdict; a server that rejects it is asked again "
                         "in plain text, read by a tolerant parser (default json_schema)")
@@ -336,7 +295,6 @@ def register(sub) -> None:
                    help="with --retry-failed: end for good the api_failed tasks whose source file is gone (kept in "
                         "the records with kind source_missing, their rounds too; not counted by the exit code). "
                         "Without it they are named and stay api_failed, in case the sources are only unmounted")
-    p.add_argument("--shard", type=_shard, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
     p.add_argument("--workers", type=_workers, default=1, metavar="N|auto",
                    help="processes making the calls, sharing --concurrency, --rpm and --tpm (default 1). Worth it "
                         "when the client's CPU is the limit: many calls in flight to a fast endpoint; each worker "
@@ -363,7 +321,6 @@ def register(sub) -> None:
     g.add_argument("--ray-gpus-per-shard", type=float, default=0, metavar="G",
                    help="--executor ray: GPUs each shard task reserves (default 0, none; a diffusers editor "
                         "wants 1). Each shard also reserves as many CPUs as --workers")
-    p.add_argument("--limit", type=_count, help="only the first N tasks (for a quick try)")
     g = p.add_argument_group(
         "signed provenance (C2PA Content Credentials; pip install 'medbanana[c2pa]')",
         "With a certificate and its key, every image written (accepted and rejected) carries a signed C2PA manifest "

@@ -191,7 +191,7 @@ def attempt_from_round(raw: dict | bytes) -> Attempt:
                    verdict=_verdict(round_.verification, usage.get("judge") or {}),
                    accepted=bool(as_bool(round_.accepted)), edit_error=edit.error or "",
                    image_relpath=round_.image or "", seconds=float(round_.seconds or 0.0),
-                   edit_details=_decoded(edit.details) or {})
+                   edit_details=_decoded(edit.details) or {}, edit_usage=Usage(**(usage.get("editor") or {})))
 
 
 def _verdict(raw: Verification | None, usage: dict) -> Verdict | None:

@@ -31,8 +31,10 @@ from ..backends.gemini import Answer, GeminiEditor, GeminiJudge, GeminiWriter, r
 from ..backends.gemini_transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
 from ..backends.settings import batch_files_dir, remove_batch_files
 from ..files import atomic_write_json
-from ..loop import BACKEND_STEPS, Refinement, RoundFinished, Step, acceptance_policy, advance, refinement
+from ..loop import (BACKEND_STEPS, Refinement, RoundFinished, Step, WriteInstruction, acceptance_policy, advance,
+                    refinement)
 from ..records import SourceImage, Task, TaskOutcome
+from .budget import Ledger, answer_usage
 from .local import read_source, source_error
 from .session import RunOptions, RunSession, RunSummary
 
@@ -252,33 +254,53 @@ async def _start(session: RunSession, options: RunOptions, accept) -> list[_Live
     return live
 
 
-async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls, on_round, on_finished) -> None:
+async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls, on_round, on_finished,
+                           ledger: Ledger | None = None, on_budget=None) -> None:
     """Drive the refinements of all live tasks in lockstep, a round per pass: every writer step of the pass as
     one exchange run (one batch job per model), then every editor step, then every judge step, then the finished
     rounds are stored with `on_round(task, attempt, image)` (their `seconds` is the whole pass's wall time: the
-    calls share batch jobs). `on_finished(outcomes)` gets the tasks that ended, after each pass."""
+    calls share batch jobs). `on_finished(outcomes)` gets the tasks that ended, after each pass. With a `ledger`,
+    a task's round goes into the pass only if it fits the budget; the first that does not stops the run from
+    starting any (`on_budget()`), those left stay unfinished."""
     n = 0
     while live:
         n += 1
         started = time.perf_counter()
+        waiting: list[_Live] = []
+        if ledger is not None:  # each round of the pass held first; one that does not fit waits for the next pass
+            for s in live:
+                ledger.release(s.task.uid)
+            verdicts = {s.task.uid: ledger.try_open(s.task.uid) if isinstance(s.step, WriteInstruction) else "open"
+                        for s in live}
+            if "stop" in verdicts.values():
+                on_budget()  # no round starts any more: the tasks not in this pass stay unfinished
+            waiting = [s for s in live if verdicts[s.task.uid] == "wait"]
+            live = [s for s in live if verdicts[s.task.uid] == "open"]
+            if not live:
+                break
         for kind in BACKEND_STEPS:
             asking = [s for s in live if isinstance(s.step, kind)]
             answers = await drive_exchanges(calls, {s.task.uid: s.step.exchange(backends[kind.role])
                                                     for s in asking}, f"r{n}-{kind.role}")
             for s in asking:
+                if ledger is not None:
+                    ledger.settle(s.task.uid, kind.role, *answer_usage(answers[s.task.uid]))
                 s.step = advance(s.steps, answers[s.task.uid])
         for s in live:
             if isinstance(s.step, RoundFinished):
                 s.step.attempt.seconds = time.perf_counter() - started
                 on_round(s.task, s.step.attempt, s.step.image)
                 s.step = advance(s.steps)
-        on_finished([s.step for s in live if isinstance(s.step, TaskOutcome)])
-        live = [s for s in live if not isinstance(s.step, TaskOutcome)]
+        ended = [s for s in live if isinstance(s.step, TaskOutcome)]
+        for s in ended if ledger is not None else ():
+            ledger.release(s.task.uid)
+        on_finished([s.step for s in ended])
+        live = [s for s in live if not isinstance(s.step, TaskOutcome)] + waiting
 
 
 async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter, editor: GeminiEditor,
                           judge: GeminiJudge, options: RunOptions | None = None, config: dict | None = None, *,
-                          poll_interval: float = 30.0, inline_limit: int = INLINE_LIMIT) -> RunSummary:
+                          poll_interval: float = 30.0, inline_limit: int = INLINE_LIMIT, on_open=None) -> RunSummary:
     options = options or RunOptions()
     if not all(isinstance(b, cls) for b, cls in ((writer, GeminiWriter), (editor, GeminiEditor),
                                                   (judge, GeminiJudge))):
@@ -286,14 +308,15 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
     if not (writer.transport is editor.transport is judge.transport):
         raise ValueError("--batch needs one transport shared by the writer, the editor and the judge")
     accept = acceptance_policy(options.accept)
-    with RunSession(tasks, run_dir, options, config) as session:
+    with RunSession(tasks, run_dir, options, config, on_open) as session:
         try:
             calls = BatchCalls(writer.transport, run_dir, poll_interval=poll_interval, inline_limit=inline_limit,
                                label=f"medbanana-{session.store.config['run_id'][:8]}")
             live = await _start(session, options, accept)
             try:
                 await refine_in_passes(live, {"writer": writer, "editor": editor, "judge": judge}, calls,
-                                       session.store.write_attempt, lambda ended: session.finish(*ended))
+                                       session.store.write_attempt, lambda ended: session.finish(*ended),
+                                       session.ledger, session.budget_reached)
             except APIError as exc:  # a job could not be submitted or polled: stop here, resumable
                 raise RuntimeError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
                                    f"command again resumes polling the submitted jobs") from None

@@ -6,25 +6,38 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 from .. import backends
 from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+from ..costs import ROLES
 from ..destinations import classes_of, destinations, gate, record_destinations, sources_data_use
+from ..pricing import PriceTable, is_paid, load_prices
 from ..prompts import PROMPT_NAMES, prompt_versions
 from ..rundir import layout, schema
 from ..records import Task
 from ..rundir.provenance import DEFAULT_SOURCE_TYPE
+from .budget import RunPricing
 from .local import RunOptions, RunSummary, describe_backends, run
+from .pilot import finished_records, pilot_samples
+from .session import in_shard
+from .plan import Plan, PlanSetting, estimate
 from ..sources.scan import Selection, SourceLayoutError, scan_sources
 from ..rundir.journal import journal_lines
 from ..taxonomy import DIRECTIONS
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+PILOT_MINIMUM = 10  # finished tasks of a resumed run that its own estimate is measured on
 
 
 def default_backend() -> str:
-    """gemini when an API key is set, else the offline simulator."""
-    return "gemini" if any(os.environ.get(v) for v in API_KEY_VARS) else "simulator"
+    """The backend of a run that names none: the offline simulator, always. A paid backend runs only when named
+    (--backend, a role option, or the run a --retry-failed continues), an API key in the environment or not."""
+    return "simulator"
+
+
+def key_is_set() -> bool:
+    return any(os.environ.get(v) for v in API_KEY_VARS)
 
 
 def make_backends(backend: str, writer: str | None = None, editor: str | None = None, judge: str | None = None,
@@ -62,6 +75,26 @@ class BackendSpec:
         return make_backends(self.backend, **self.roles, options=options)
 
 
+def spec_models(spec: BackendSpec) -> dict:
+    """role -> {"backend", "model"} as a run with this spec would record them, without building a backend that
+    calls anything (a plan's, or a Ray driver's, description)."""
+    out = {}
+    for role, name in spec.roles.items():
+        if name == "gemini":
+            from ..backends.gemini import DEFAULT_EDITOR_MODEL, DEFAULT_TEXT_MODEL
+
+            model = getattr(spec.gemini, f"{role}_model") or (DEFAULT_EDITOR_MODEL if role == "editor"
+                                                              else DEFAULT_TEXT_MODEL)
+        elif name == "openai":
+            model = getattr(spec.openai, f"{role}_model", None) or spec.openai.model or ""
+        elif name == "diffusers":
+            model = spec.diffusers.model or ""
+        else:  # the simulator, or a registered backend: made to read its model (they call nothing when made)
+            model = getattr(backends.create(role, name), "model", "")
+        out[role] = {"backend": name, "model": str(model)}
+    return out
+
+
 def prompts_used(*made) -> dict[str, str]:
     """The versions of the generation/prompts the backends fill in (each says which in `prompts`)."""
     used = {name for backend in made for name in getattr(backend, "prompts", ())}
@@ -72,21 +105,26 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
              backend: str = "simulator", roles: dict[str, str | None] | None = None,
              backend_options: dict[str, dict] | None = None, options: RunOptions | None = None,
              limit: int | None = None, extra_config: dict | None = None, batch: dict | None = None,
-             spec: BackendSpec | None = None) -> RunSummary:
+             spec: BackendSpec | None = None, prices: PriceTable | None = None, budget: float | None = None,
+             announce: Callable[[dict, Plan | None], None] | None = None) -> RunSummary:
     """Run every selected task; `batch` (options of batch.run_batch, e.g. poll_interval) uses the Batch API.
 
     Backends come from `spec`, or from `backend` / `roles` / `backend_options`; `options.workers` > 1 (which
-    needs a spec) spreads the tasks over that many processes."""
+    needs a spec) spreads the tasks over that many processes. A paid backend's calls are priced with `prices` (the
+    shipped table by default): spend and projection on the progress bar, and `budget` USD never passed
+    (budget.py). `announce(backends, plan)` is called once the run directory is opened, before any call: the
+    backends' names and models, and what the run's unfinished tasks should cost (None when nothing is paid)."""
     selection = selection or Selection()
     options = options or RunOptions()
     if options.workers > 1 and (spec is None or batch is not None):
         raise ValueError("workers > 1 needs a BackendSpec (each process builds its own backends) and no batch: "
                          "the Batch API has nothing to share out")
-    known = None  # with retry_failed: the run's task uids, when its recorded selection cannot tell them
+    known = None  # with retry_failed: the uids of the run's api_failed tasks
     if options.retry_failed:
-        recorded, known = retry_selection(out, selection=selection, modality=modality, shard=options.shard,
-                                          limit=limit)
-        selection, modality, limit = _selection_of(recorded), recorded.get("modality"), recorded.get("limit")
+        recorded, _ = retry_selection(out, selection=selection, modality=modality, shard=options.shard, limit=limit)
+        selection, modality = _selection_of(recorded), recorded.get("modality")
+        # the run's api_failed tasks, wherever they sort among the sources now: no limit is recomputed over them
+        limit, known = None, failed_uids(out)
         options = replace(options, shard=tuple(recorded["shard"]) if recorded.get("shard") else None)
     tasks = select_tasks(sources, selection, modality, limit, known, allow_none=options.retry_failed)
     sent = sent_to(tasks, sources, spec, backend, roles, backend_options)  # refused here, before any connection
@@ -108,15 +146,54 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
               **(extra_config or {})}
     if options.retry_failed:  # what the run was made of stays as recorded, whatever older format it has
         config["selection"] = recorded
+    options, plan = _priced(options, described, prices, budget, batch is not None, (writer, editor, judge), tasks,
+                            out)
+    on_open = (lambda: announce(described, plan)) if announce is not None else None  # once the folder is ours
     if batch is not None:
         from .batch import run_batch
 
-        return run_batch(tasks, out, writer, editor, judge, options, config, **batch)
+        return run_batch(tasks, out, writer, editor, judge, options, config, on_open=on_open, **batch)
     if options.workers > 1:
         from .processes import run_in_workers
 
-        return run_in_workers(tasks, out, spec, options, config)
-    return run(tasks, out, writer, editor, judge, options, config)
+        return run_in_workers(tasks, out, spec, options, config, on_open)
+    return run(tasks, out, writer, editor, judge, options, config, on_open)
+
+
+def _priced(options: RunOptions, described: dict, prices: PriceTable | None, budget: float | None, batch: bool,
+            made: tuple, tasks: list[Task], out: Path) -> tuple[RunOptions, Plan | None]:
+    """The options with the run's pricing (when a role is paid or a budget is given), and the estimate of what its
+    unfinished tasks cost (None when nothing is paid). ValueError when a budget is given and a paid model has no
+    price."""
+    paid = any(is_paid(d["backend"]) for d in described.values())
+    if not paid and budget is None:
+        return options, None
+    tries = {role: 1 + int(getattr(backend, "max_reasks", getattr(backend, "max_image_retries", 0)))
+             for role, backend in zip(ROLES, made)}
+    pricing = RunPricing(prices or load_prices(), described, batch, budget, tries)
+    if budget is not None and (unpriced := pricing.unpriced()):
+        raise ValueError(f"--budget needs a price for every paid model; {', '.join(unpriced)} has none in the "
+                         f"price table: give one with --prices FILE")
+    plan = estimate_todo(tasks, out, pricing, options)
+    return replace(options, pricing=replace(pricing, per_task_usd=plan.figures["usd"][0] / max(plan.tasks, 1))), \
+        (plan if paid else None)
+
+
+def estimate_todo(tasks: list[Task], out: Path, pricing: RunPricing, options: RunOptions) -> Plan:
+    """What the tasks the run directory has not finished should cost: measured on its own finished tasks when it
+    has at least PILOT_MINIMUM of them (a resumed run), else from the assumptions."""
+    finished = finished_records(out)
+    failed = {uid for uid, record in finished.items() if record.get("status") == "api_failed"}
+    todo = [t for t in tasks if in_shard(t, options.shard)
+            and (t.uid not in finished or (options.retry_failed and t.uid in failed))]
+    setting = PlanSetting(pricing.backends, pricing.prices, options.max_rounds, pricing.batch, options.concurrency)
+    pilot = pilot_samples(out, options.max_rounds) if len(finished) >= PILOT_MINIMUM else None
+    return estimate(todo, setting, pilot)
+
+
+def failed_uids(run_dir: Path) -> set[str]:
+    """The tasks the run directory's journal last finished api_failed: all a --retry-failed may start."""
+    return {uid for uid, record in finished_records(run_dir).items() if record.get("status") == "api_failed"}
 
 
 def sent_to(tasks: list[Task], sources: Path, spec: BackendSpec | None, backend: str = "simulator",

@@ -1,7 +1,8 @@
 """Run many tasks concurrently in this process, into a run directory: the default runner.
 
 `concurrency` tasks are in flight at once on one event loop, each driven through the refinement loop by
-`loop.refine_task`; the run directory, resume, progress and stats are the `RunSession` skeleton's. The
+`loop.refine_task` (its backends `budget.Metered` when the run is priced: a round that does not fit the budget
+is not started, and neither is any task after it); the run directory, resume, progress and stats are the `RunSession` skeleton's. The
 worker-process runner uses `run_one_task` from here in each worker.
 """
 
@@ -15,6 +16,7 @@ from ..backends import Editor, InstructionWriter, Judge
 from ..loop import Acceptance, OnRound, acceptance_policy, refine_task
 from ..records import DEFAULT_MAX_PIXELS, ApiFailure, Attempt, SourceImage, Task, TaskOutcome, open_image
 from ..rundir.mask_files import MaskProcess
+from .budget import BudgetReached, metered
 from .session import RunOptions, RunSession, RunSummary  # RunOptions, RunSummary: also imported from here
 
 
@@ -78,10 +80,10 @@ async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[Instru
 
 
 async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter, editor: Editor, judge: Judge,
-                    options: RunOptions | None = None, config: dict | None = None) -> RunSummary:
+                    options: RunOptions | None = None, config: dict | None = None, on_open=None) -> RunSummary:
     options = options or RunOptions()
     accept = acceptance_policy(options.accept)
-    with RunSession(tasks, run_dir, options, config) as session:
+    with RunSession(tasks, run_dir, options, config, on_open) as session:
         store, sources = session.store, _SourceCache(options.max_pixels)
         queue: asyncio.Queue[Task] = asyncio.Queue()
         for task in session.todo:
@@ -98,11 +100,24 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
                 await asyncio.to_thread(store.write_image, task, attempt, image, made)
             store.journal_attempt(task, attempt)
 
+        ledger = session.ledger
+        backends = metered((writer, editor, judge), ledger)  # with a price: every round admitted, every step counted
+
         async def worker() -> None:
             while not queue.empty():
                 task = queue.get_nowait()
-                session.finish(await run_one_task(task, sources, (writer, editor, judge), options, accept,
-                                                  store.history(task), store_round))
+                try:
+                    outcome = await run_one_task(task, sources, backends, options, accept, store.history(task),
+                                                 store_round)
+                except BudgetReached:  # its finished rounds are journalled; it resumes when run again
+                    session.budget_reached()
+                    while not queue.empty():  # and no other task starts
+                        queue.get_nowait()
+                    continue
+                finally:
+                    if ledger is not None:
+                        ledger.release(task.uid)
+                session.finish(outcome)
 
         try:
             await asyncio.gather(*(worker() for _ in range(max(1, options.concurrency))))
@@ -112,8 +127,8 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         return session.end()
 
 
-def run(tasks, run_dir, writer, editor, judge, options=None, config=None) -> RunSummary:
-    return asyncio.run(run_tasks(tasks, run_dir, writer, editor, judge, options, config))
+def run(tasks, run_dir, writer, editor, judge, options=None, config=None, on_open=None) -> RunSummary:
+    return asyncio.run(run_tasks(tasks, run_dir, writer, editor, judge, options, config, on_open))
 
 
 def describe_backends(writer, editor, judge) -> dict:

@@ -30,6 +30,7 @@ from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..loop import acceptance_policy
 from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
 from ..rundir import mask_files
+from .budget import BudgetReached, Ledger, SharedState, metered
 from .local import _SourceCache, run_one_task
 from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients
 
@@ -114,6 +115,13 @@ class TaskDone:
 
 
 @dataclass(frozen=True)
+class TaskPaused:
+    """Worker -> parent: the task's next round did not fit in the budget; it stays unfinished (its finished
+    rounds were sent before), and no task should start any more."""
+    uid: str
+
+
+@dataclass(frozen=True)
 class CallCounts:
     """Worker -> parent, last: the calls its backends made."""
     network_calls: int
@@ -123,10 +131,11 @@ class CallCounts:
 # ---------------------------------------------------------------- the worker process
 
 def worker_main(spec, out: str, options: RunOptions, slots: int, share: int, tasks: Connection,
-                results: Connection) -> None:
-    """Entry point of a worker: run tasks sent by the parent, `slots` at a time, until told to stop."""
+                results: Connection, spend: SharedState | None = None) -> None:
+    """Entry point of a worker: run tasks sent by the parent, `slots` at a time, until told to stop. `spend`:
+    the run's ledger figures, shared by every worker (with options.pricing)."""
     ignore_sigint()  # Ctrl-C is the parent's to handle; it ends the workers (started with SIGINT blocked too)
-    asyncio.run(_serve(spec, Path(out), options, slots, share, tasks, results))
+    asyncio.run(_serve(spec, Path(out), options, slots, share, tasks, results, spend))
 
 
 def _receive(tasks: Connection, inbox: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
@@ -142,8 +151,10 @@ def _receive(tasks: Connection, inbox: asyncio.Queue, loop: asyncio.AbstractEven
 
 
 async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, tasks: Connection,
-                 results: Connection) -> None:
-    backends = spec.build(out, share=share)
+                 results: Connection, spend: SharedState | None = None) -> None:
+    built = spec.build(out, share=share)
+    ledger = Ledger(options.pricing, spend) if options.pricing is not None and spend is not None else None
+    backends = metered(built, ledger)
     accept = acceptance_policy(options.accept)
     sources = _SourceCache(options.max_pixels)
     inbox: asyncio.Queue = asyncio.Queue()
@@ -162,14 +173,21 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
 
     async def slot() -> None:
         while isinstance(message := await inbox.get(), RunTask):
-            outcome = await run_one_task(message.task, sources, backends, options, accept, message.history,
-                                         send_round)
+            try:
+                outcome = await run_one_task(message.task, sources, backends, options, accept, message.history,
+                                             send_round)
+            except BudgetReached:
+                outbox.put(TaskPaused(message.task.uid))
+                continue
+            finally:
+                if ledger is not None:
+                    ledger.release(message.task.uid)
             outbox.put(TaskDone(message.task.uid, outcome.status, outcome.failure))
         inbox.put_nowait(message)  # the Stop, for the other slots
 
     await asyncio.gather(*(slot() for _ in range(slots)))
-    await close_clients(*backends)
-    outbox.put(CallCounts(*call_counts(*backends)))
+    await close_clients(*built)
+    outbox.put(CallCounts(*call_counts(*built)))
     outbox.put(None)
     await asyncio.to_thread(sender.join)
 
@@ -194,12 +212,14 @@ def _send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
 # ---------------------------------------------------------------- the parent
 
 class _Worker:
-    def __init__(self, context, spec, out: Path, options: RunOptions, slots: int, share: int, index: int):
+    def __init__(self, context, spec, out: Path, options: RunOptions, slots: int, share: int, index: int,
+                 spend: SharedState | None = None):
         self.slots = slots
         receive_tasks, self.tasks = context.Pipe(duplex=False)
         self.results, send_results = context.Pipe(duplex=False)
         self.process = context.Process(target=worker_main, name=f"medbanana-worker-{index}", daemon=True,
-                                       args=(spec, str(out), options, slots, share, receive_tasks, send_results))
+                                       args=(spec, str(out), options, slots, share, receive_tasks, send_results,
+                                             spend))
         with children_ignore_sigint():  # Ctrl-C is the parent's: the worker never sees it, not even while importing
             self.process.start()
         receive_tasks.close()  # only the worker holds these ends now: either side's death closes the pipes
@@ -231,8 +251,12 @@ class _Pool:
             return
         count = max(1, min(self.options.workers, len(self.pending)))
         context = multiprocessing.get_context("spawn")
+        spend = None
+        if self.session.ledger is not None:  # one ledger for all: the workers' steps go to shared memory
+            spend = SharedState(self.session.ledger.spent, context)
+            self.session.ledger.state = spend
         for index, slots in enumerate(shares(max(self.options.concurrency, count), count)):
-            self.workers.append(_Worker(context, self.spec, self.run_dir, self.options, slots, count, index))
+            self.workers.append(_Worker(context, self.spec, self.run_dir, self.options, slots, count, index, spend))
         for slot in range(max(w.slots for w in self.workers)):
             for worker in self.workers:
                 if slot < worker.slots and self.pending:
@@ -282,6 +306,13 @@ class _Pool:
                 self.dispatch(worker)
             elif not worker.in_flight:
                 worker.stop()
+        elif isinstance(message, TaskPaused):
+            self.running.pop(message.uid)
+            worker.in_flight.discard(message.uid)
+            self.session.budget_reached()
+            self.pending.clear()  # no task starts any more; those not started stay for the next run
+            if not worker.in_flight:
+                worker.stop()
         elif isinstance(message, CallCounts):
             worker.calls = message
 
@@ -294,9 +325,9 @@ class _Pool:
 
 
 def run_in_workers(tasks: list[Task], run_dir: Path, spec, options: RunOptions,
-                   config: dict | None = None) -> RunSummary:
+                   config: dict | None = None, on_open=None) -> RunSummary:
     """Like `local.run`, with the calls made by `options.workers` processes (see the module docstring)."""
-    with RunSession(tasks, run_dir, options, config) as session:
+    with RunSession(tasks, run_dir, options, config, on_open) as session:
         pool = _Pool(session, spec, Path(run_dir), options)
         try:
             pool.start()

@@ -31,15 +31,18 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..costs import rounds_of
 from ..extras import require
 from ..files import atomic_write_json
+from ..pricing import PriceTable, load_prices
 from ..rundir import layout
 from ..rundir.lock import LockHeld, hold_lock, lend
 from ..rundir.merge import merge_runs
 from ..rundir.store import read_journal
 from ..records import Task
 from ..sources.scan import Selection
-from .generate import BackendSpec, generate, select_tasks
+from .budget import RunPricing, journal_rounds
+from .generate import BackendSpec, generate, select_tasks, spec_models
 from .processes import WorkerCrashed
 from .session import RunOptions, RunSummary, in_shard
 
@@ -57,19 +60,34 @@ class ShardJob:
     modality: str | None = None
     limit: int | None = None
     driver: tuple[str, int] | None = None  # (host, pid) of the driver: a shard on its host ends when it is gone
+    prices: PriceTable | None = None
+    budget: float | None = None  # USD for the whole job: each shard to run gets its part of what is left
 
 
 def shard_dir(out: Path, index: int, count: int) -> Path:
     return Path(out) / SHARDS / f"{index}-of-{count}"
 
 
-def run_shard(job: ShardJob, index: int, count: int, out: str) -> RunSummary:
-    """The body of one Ray task (also callable without Ray): shard index/count of the job, into its directory."""
+def run_shard(job: ShardJob, index: int, count: int, out: str, budget: float | None = None) -> RunSummary:
+    """The body of one Ray task (also callable without Ray): shard index/count of the job, into its directory,
+    spending at most `budget` USD in all (what its directory recorded included)."""
     if job.driver is not None and job.driver[0] == socket.gethostname():
         threading.Thread(target=_end_with, args=(job.driver[1],), name="medbanana-driver-watch", daemon=True).start()
     options = replace(job.options, shard=(index, count), quiet=True)
     return generate(job.sources, shard_dir(Path(out), index, count), selection=job.selection,
-                    modality=job.modality, spec=job.spec, options=options, limit=job.limit)
+                    modality=job.modality, spec=job.spec, options=options, limit=job.limit, prices=job.prices,
+                    budget=budget)
+
+
+def shard_budgets(job: ShardJob, out: Path, todo: list[int], count: int) -> dict[int, float | None]:
+    """Each shard to run's budget: what its directory has spent, plus an equal part of what the job's budget
+    leaves after every shard's recorded spending, so that together they never pass it."""
+    if job.budget is None:
+        return dict.fromkeys(todo)
+    pricing = RunPricing(job.prices or load_prices(), spec_models(job.spec))
+    spent = {i: pricing.recorded(journal_rounds(shard_dir(out, i, count))) for i in range(count)}
+    left = max(0.0, job.budget - sum(spent.values()))
+    return {i: spent[i] + left / max(len(todo), 1) for i in todo}
 
 
 def _end_with(driver: int, every: float = 0.5) -> None:
@@ -146,12 +164,13 @@ def run_on_ray(job: ShardJob, out: Path, *, shards: int | None = None, address: 
                 # max_calls=1: a fresh worker per shard, so a model or client never outlives its shard
                 task = ray.remote(num_cpus=cpus_per_shard, num_gpus=gpus_per_shard, max_retries=MAX_RETRIES,
                                   retry_exceptions=[WorkerCrashed], max_calls=1)(run_shard)
-                ran = _gather(ray, {task.remote(job, i, count, str(out)): i for i in todo}, count, quiet)
+                budgets = shard_budgets(job, out, todo, count)
+                ran = _gather(ray, {task.remote(job, i, count, str(out), budgets[i]): i for i in todo}, count, quiet)
             finally:
                 if connected_here:
                     ray.shutdown()
         _merge_shards(out, count)
-    return _summary(out, ran, len(tasks), time.perf_counter() - started)
+    return _summary(out, ran, len(tasks), time.perf_counter() - started, job)
 
 
 def _join(ray, address: str | None) -> None:
@@ -222,9 +241,13 @@ def _merge_shards(out: Path, count: int) -> None:
         merge_runs(todo, out, partial=True)  # the others were merged before: OUT's record counts them
 
 
-def _summary(out: Path, ran: list[RunSummary], tasks: int, seconds: float) -> RunSummary:
-    """OUT's summary: every finished task of the merged run counted, the calls of the shards run now."""
-    summary = RunSummary(out, tasks=tasks, seconds=seconds)
+def _summary(out: Path, ran: list[RunSummary], tasks: int, seconds: float, job: ShardJob) -> RunSummary:
+    """OUT's summary: every finished task of the merged run counted and priced, the calls and spending of the
+    shards run now."""
+    summary = RunSummary(out, tasks=tasks, seconds=seconds, budget=job.budget)
+    summary.spent_now = sum(s.spent_now for s in ran)
+    summary.budget_reached = any(s.budget_reached for s in ran)
+    summary.unfinished = sum(s.unfinished for s in ran)
     summary.skipped = tasks - sum(s.tasks - s.skipped for s in ran)
     summary.api_calls = sum(s.api_calls for s in ran)
     summary.cache_hits = sum(s.cache_hits for s in ran)
@@ -234,6 +257,8 @@ def _summary(out: Path, ran: list[RunSummary], tasks: int, seconds: float) -> Ru
         if entry["type"] == "task":
             finished[entry["uid"]] = entry["record"]
     summary.count_finished(finished.values())
+    summary.price([r for record in finished.values() for r in rounds_of(record)], spec_models(job.spec),
+                  RunPricing(job.prices or load_prices(), spec_models(job.spec)))
     atomic_write_json(out / layout.STATS, {**summary.as_dict(), "finished_at": time.time()})
     return summary
 

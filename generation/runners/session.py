@@ -17,12 +17,15 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..backends.settings import remove_batch_files
+from ..costs import Tally, cost_lines, cost_report, rounds_of
 from ..failures import SOURCE_MISSING
 from ..files import atomic_write_json
+from ..pricing import load_prices
 from ..records import DEFAULT_MAX_PIXELS, Task, TaskOutcome
 from ..rundir import layout
 from ..rundir.signing import SigningCredentials
 from ..rundir.store import RunStore
+from .budget import Ledger, LocalState, RunPricing
 
 
 @dataclass
@@ -39,6 +42,7 @@ class RunOptions:
     materialize_every: float = 30.0
     quiet: bool = False
     c2pa: SigningCredentials | None = None  # sign every image written (rundir/signing.py); paths only, no key
+    pricing: RunPricing | None = None  # price the calls (a paid backend, or --budget): spend, projection, limit
 
 
 @dataclass
@@ -58,6 +62,12 @@ class RunSummary:
     dataset: dict | None = None  # its medbanana-build.json
     missing_sources: list[str] = field(default_factory=list)  # retried api_failed tasks whose source file is gone
     dropped: int = 0  # of those, how many --drop-missing-sources ended now
+    cost: dict | None = None  # tokens and USD per role and model over the run's recorded rounds (costs.CostReport)
+    spent_now: float = 0.0  # USD of the calls of this invocation
+    budget: float | None = None  # --budget USD
+    budget_reached: bool = False  # the next round did not fit: rounds stopped starting
+    unfinished: int = 0  # with budget_reached: this invocation's tasks left unfinished (resumable)
+    projected_usd: float | None = None  # what finishing every task of this invocation would have cost in all
 
     def count_finished(self, records) -> None:
         """Add finished task records (journal `record`s) to the statuses, failed attempts, rounds and errors."""
@@ -71,13 +81,31 @@ class RunSummary:
                 self.error_kinds[record["error"].get("kind") or "unknown"] += 1
 
     def as_dict(self) -> dict:
-        return {"tasks": sum(self.statuses.values()), "ran_now": self.tasks - self.skipped, "skipped": self.skipped,
+        return {"tasks": sum(self.statuses.values()), "ran_now": self.tasks - self.skipped - self.unfinished,
+                "skipped": self.skipped,
                 "success": self.statuses["success"], "failed": self.statuses["failed"],
                 "api_failed": self.statuses["api_failed"], "failed_attempts": self.failed_attempts,
                 "success_rounds": {str(k): v for k, v in sorted(self.success_rounds.items())},
                 "error_kinds": dict(self.error_kinds), "api_calls": self.api_calls, "cache_hits": self.cache_hits,
                 "reconciled": {k: v for k, v in sorted(self.reconciled.items()) if v},
-                "seconds": round(self.seconds, 2)}
+                "seconds": round(self.seconds, 2), **self._money()}
+
+    def _money(self) -> dict:
+        out: dict = {"cost": self.cost} if self.cost is not None else {}
+        if self.spent_now or self.budget is not None:
+            out["spent_now_usd"] = round(self.spent_now, 4)
+        if self.budget is not None:
+            out["budget"] = {"usd": self.budget, "reached": self.budget_reached, "unfinished": self.unfinished,
+                             "projected_usd": None if self.projected_usd is None else round(self.projected_usd, 4)}
+        return out
+
+    def price(self, rounds, backends: dict, pricing: RunPricing | None) -> None:
+        """Set `cost` from journalled rounds, priced with the run's pricing (else the shipped table)."""
+        tally = Tally()
+        for raw in rounds:
+            tally.add_round(raw)
+        prices = pricing.prices if pricing is not None else load_prices()
+        self.cost = cost_report(tally, backends, prices, bool(pricing and pricing.batch)).as_dict()
 
     def format(self) -> str:
         d = self.as_dict()
@@ -91,6 +119,12 @@ class RunSummary:
             lines.insert(-1, f"  API calls        {self.api_calls} (from the request cache: {self.cache_hits})")
         if fixed := reconciled_text(d["reconciled"]):
             lines.insert(-1, f"  on opening       {fixed}")
+        if self.cost is not None and (self.spent_now or any(r["input_tokens"] or r["output_tokens"]
+                                                            for r in self.cost["roles"].values())):
+            lines[-1:-1] = cost_lines(self.cost, self.spent_now)
+        if self.budget_reached:
+            lines.insert(-1, f"  budget           {self.budget:.2f} USD reached: {self.unfinished:,} task(s) left "
+                             "unfinished, their finished rounds kept")
         for dataset, direction, path in layout.find_output_dirs(self.run_dir):
             lines.append(f"  {path.name}/ and {path.name}-failed/  ({direction}, {layout.ALL_CONVERSATIONS})")
         if self.dataset_dir is not None:
@@ -105,6 +139,12 @@ class RunSummary:
 def _kinds(counts: dict) -> str:
     """'(source_error 11, server_error 2)': failures per kind, in words ('' for none)."""
     return f"({', '.join(f'{kind} {n}' for kind, n in counts.items())})" if counts else ""
+
+
+def recorded_rounds(store: RunStore) -> list[dict]:
+    """Every round the run directory's journal holds: finished tasks' and unfinished tasks' (each once)."""
+    rounds = [r for uid, record in store.finished.items() if uid not in store.partial for r in rounds_of(record)]
+    return rounds + [r for by_round in store.partial.values() for r in by_round.values()]
 
 
 def reconciled_text(counts: dict) -> str:
@@ -166,8 +206,9 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
     mine = [t for t in tasks if in_shard(t, options.shard)]
     summary.tasks = len(mine)
     redo = {"api_failed"} if options.retry_failed else set()
-    todo = [t for t in mine if t.uid not in store.finished or t.uid in store.reopened
-            or store.finished[t.uid]["status"] in redo]
+    # a retry starts only tasks the run finished api_failed: none it never finished, whatever the sources hold now
+    todo = [t for t in mine if (t.uid not in store.finished and not options.retry_failed) or t.uid in store.reopened
+            or (t.uid in store.finished and store.finished[t.uid]["status"] in redo)]
     summary.skipped = len(mine) - len(todo)
     if options.retry_failed and (gone := sources_gone(store, tasks, options.shard)):
         if options.drop_missing_sources:
@@ -179,13 +220,15 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
     return store, summary, todo
 
 
-def close_run(store: RunStore, summary: RunSummary, started: float) -> RunSummary:
-    """Materialise the JSON files, count every finished task, write the stats file, then close the store (the
-    directory stays locked until the stats are written). store.close() is also called on every way out, for when
-    a runner is interrupted: it does nothing after this."""
+def close_run(store: RunStore, summary: RunSummary, started: float, pricing: RunPricing | None = None) -> RunSummary:
+    """Materialise the JSON files, count every finished task and price every recorded round, write the stats
+    file, then close the store (the directory stays locked until the stats are written). store.close() is also
+    called on every way out, for when a runner is interrupted: it does nothing after this."""
     store.materialize()
     summary.seconds = time.perf_counter() - started
     summary.count_finished(store.finished.values())
+    backends = store.config.get("backends") if isinstance(store.config.get("backends"), dict) else {}
+    summary.price(recorded_rounds(store), backends, pricing)
     atomic_write_json(Path(summary.run_dir) / layout.STATS, {**summary.as_dict(), "finished_at": time.time()})
     store.close()
     return summary
@@ -203,11 +246,22 @@ class RunSession:
 
     Leaving the `with` any other way (an interruption, a crash) materialises what finished and unlocks."""
 
-    def __init__(self, tasks: list[Task], run_dir: Path, options: RunOptions, config: dict | None = None):
+    def __init__(self, tasks: list[Task], run_dir: Path, options: RunOptions, config: dict | None = None,
+                 on_open=None):
+        """`on_open()` is called once the run directory is this process's (locked, replayed), before any call."""
         self.options = options
         self.started = time.perf_counter()
         self.store, self.summary, self.todo = open_run(tasks, run_dir, options, config)
+        if on_open is not None:
+            on_open()
         self.bar = tqdm(total=len(self.todo), desc="tasks", unit="task", disable=options.quiet, dynamic_ncols=True)
+        self.ledger: Ledger | None = None  # with pricing: spent (recorded rounds, then each step) and held USD
+        self.finished_now = 0
+        if options.pricing is not None:
+            self.spent_before = options.pricing.recorded(recorded_rounds(self.store))
+            self.ledger = Ledger(options.pricing, LocalState(self.spent_before))
+            self.summary.budget = options.pricing.budget
+            self._show_spend()
 
     def __enter__(self) -> "RunSession":
         return self
@@ -220,8 +274,29 @@ class RunSession:
         """Journal finished tasks, count them on the bar, and materialise if it is time to."""
         for outcome in outcomes:
             self.store.finish_task(outcome)
+        self.finished_now += len(outcomes)
         self.bar.update(len(outcomes))
+        self._show_spend()
         self.store.maybe_materialize(self.options.materialize_every)
+
+    def budget_reached(self) -> None:
+        """A round did not fit in the budget: the run starts no more (the runner leaves the rest unfinished)."""
+        self.summary.budget_reached = True
+
+    def projected(self) -> float | None:
+        """Spent so far plus this invocation's tasks left at the cost per task measured now (assumed until a
+        task has finished)."""
+        if self.ledger is None:
+            return None
+        spent = self.ledger.spent
+        per_task = ((spent - self.spent_before) / self.finished_now if self.finished_now
+                    else self.options.pricing.per_task_usd)
+        return spent + max(0, len(self.todo) - self.finished_now) * per_task
+
+    def _show_spend(self) -> None:
+        if self.ledger is not None and not self.bar.disable:
+            self.bar.set_postfix_str(f"{self.ledger.spent:.2f} USD spent, ~{self.projected():.2f} projected",
+                                     refresh=False)
 
     async def close_clients(self, *backends, count_calls: bool = True) -> None:
         """Close the backends' clients inside the run's event loop; with `count_calls`, record their call counts
@@ -233,7 +308,12 @@ class RunSession:
     def end(self) -> RunSummary:
         """The normal end: materialise, count every finished task, write the stats file, unlock."""
         self.bar.close()
-        return close_run(self.store, self.summary, self.started)
+        if self.ledger is not None:
+            self.summary.spent_now = self.ledger.spent - self.spent_before
+            self.summary.projected_usd = self.projected()
+        if self.summary.budget_reached:
+            self.summary.unfinished = len(self.todo) - self.finished_now
+        return close_run(self.store, self.summary, self.started, self.options.pricing)
 
 
 def _clients(backends) -> list:

@@ -14,7 +14,7 @@ SHARDS_SCRIPT = """\
 # One shard per array task; a requeued or resubmitted task resumes from its shard's journal.
 N=4  # shards: keep equal to the size of --array above (0 to N-1)
 medbanana generate --sources "$SOURCES" --out "$RUNS/shard-$SLURM_ARRAY_TASK_ID-of-$N" \\
-    --shard "$SLURM_ARRAY_TASK_ID/$N" --seed 0 -q
+    --shard "$SLURM_ARRAY_TASK_ID/$N" --backend gemini --seed 0 -q
 """
 
 MERGE_SCRIPT = """\

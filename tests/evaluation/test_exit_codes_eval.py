@@ -38,7 +38,7 @@ def sources(tmp_path) -> Path:
 
 
 def _generate(sources: Path, out: Path, *extra: str) -> list[str]:
-    return ["generate", "--sources", str(sources), "--out", str(out), "--diseases", "Pneumothorax", "--max-rounds",
+    return ["generate", "--sources", str(sources), "--out", str(out), "--backend", "gemini", "--diseases", "Pneumothorax", "--max-rounds",
             "1", "--max-attempts", "1", "--retry-base-delay", "0.01", "--timeout", "5", "-q", *extra]
 
 

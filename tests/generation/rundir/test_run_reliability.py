@@ -59,7 +59,7 @@ def _tasks(sources: Path) -> set[str]:
 
 def _command(sources: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out", str(out),
-            "--diseases", *DISEASES, "--max-rounds", "3", "--concurrency", "3", "--timeout", "5",
+            "--backend", "gemini", "--diseases", *DISEASES, "--max-rounds", "3", "--concurrency", "3", "--timeout", "5",
             "--max-attempts", "2", "--retry-base-delay", "0.01", "-q", *extra]
 
 
@@ -181,7 +181,7 @@ def fake_env(monkeypatch):
 
 
 def _generate(*argv) -> int:
-    return main(["generate", "--max-rounds", "2", "--max-attempts", "1", "--retry-base-delay", "0.01", "-q",
+    return main(["generate", "--backend", "gemini", "--max-rounds", "2", "--max-attempts", "1", "--retry-base-delay", "0.01", "-q",
                  *map(str, argv)])
 
 

@@ -34,7 +34,7 @@ def test_a_batch_run_signs_every_image_as_the_local_runner_does(echo_gemini, tmp
     echo_gemini.reset()
     sources = mimic_sources(tmp_path / "sources", "MIMIC_signed", size=64)
     keys = make_keys(tmp_path / "keys")
-    common = ["generate", "--sources", str(sources), "-q", "--max-rounds", "2", "--max-attempts", "3",
+    common = ["generate", "--sources", str(sources), "--backend", "gemini", "-q", "--max-rounds", "2", "--max-attempts", "3",
               "--c2pa-cert", str(keys.chain), "--c2pa-key", str(keys.key)]
     assert main([*common, "--out", str(tmp_path / "batch"), "--batch", "--poll-interval", "0.02"]) == 0
     assert echo_gemini.batches.created() and all(c.path.startswith("batches/") for c in echo_gemini.calls)

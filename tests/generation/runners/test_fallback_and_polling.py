@@ -124,7 +124,7 @@ def test_malformed_batch_status_answers_end_in_recorded_errors(gemini_fake, gemi
     gemini_fake.reset()
     gemini_fake.batches.garble(how)
     command = [sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out", str(run_dir),
-               "--diseases", "Pneumothorax", "--batch", "--poll-interval", "0.02", "--max-rounds", "1",
+               "--diseases", "Pneumothorax", "--backend", "gemini", "--batch", "--poll-interval", "0.02", "--max-rounds", "1",
                "--max-attempts", str(MAX_ATTEMPTS), "--retry-base-delay", "0.01", "-q"]
     # a subprocess, so that polling without end is a failed test rather than a hung one
     finished = subprocess.run(command, env=gemini_env, capture_output=True, text=True, timeout=RUN_TIMEOUT,

@@ -160,7 +160,7 @@ def test_a_killed_batch_run_resumes_polling_instead_of_resubmitting(echo_gemini,
     echo_gemini.reset()
     out = tmp_path / "run"
     command = [sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out", str(out),
-               "--batch", "--poll-interval", "0.02", "--max-rounds", "3", "--max-attempts", "3", "-q"]
+               "--backend", "gemini", "--batch", "--poll-interval", "0.02", "--max-rounds", "3", "--max-attempts", "3", "-q"]
     for kill_in_job in (1, 4):  # during round 1's writer job, then during round 2's writer job
         echo_gemini.batches.hold(first=kill_in_job)
         proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

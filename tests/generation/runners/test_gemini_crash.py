@@ -37,7 +37,7 @@ def sources(tmp_path) -> Path:
 
 def _command(sources: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out", str(out),
-            "--concurrency", str(CONCURRENCY), "--max-rounds", "3", "--timeout", "20",
+            "--backend", "gemini", "--concurrency", str(CONCURRENCY), "--max-rounds", "3", "--timeout", "20",
             "--retry-base-delay", "0.01", "-q"]
 
 

@@ -39,7 +39,7 @@ def generate(echo_gemini, sources, tmp_path, monkeypatch, capfd):
     def go(faults=(), *extra, latency=0.0):
         echo_gemini.reset(faults)
         echo_gemini.latency = latency
-        argv = ["generate", "--sources", str(sources), "--out", str(out), "--diseases", "Pneumothorax",
+        argv = ["generate", "--sources", str(sources), "--out", str(out), "--backend", "gemini", "--diseases", "Pneumothorax",
                 "Pleural_Effusion", "--max-rounds", str(MAX_ROUNDS), "--concurrency", "3", "--max-attempts", "3",
                 "--retry-base-delay", "0.01", "--timeout", "1", "-q", *extra]
         code = main(argv)
@@ -167,7 +167,7 @@ def test_a_source_cut_off_mid_image_is_a_source_error_before_any_call(echo_gemin
     good = write_jpeg(tmp_path / "sources" / "MIMIC_cut" / "normal" / "whole.jpeg", 3, size=256)
     (good.parent / "cut.jpeg").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])  # header intact
     echo_gemini.reset()
-    argv = ["generate", "--sources", str(tmp_path / "sources"), "--out", str(tmp_path / "run"), "--diseases",
+    argv = ["generate", "--sources", str(tmp_path / "sources"), "--out", str(tmp_path / "run"), "--backend", "gemini", "--diseases",
             "Pneumothorax", "--max-rounds", "1", "-q"]
     assert main(argv) == 3  # a source error is an api_failed task
     capfd.readouterr()

@@ -35,7 +35,7 @@ def sources(tmp_path) -> Path:
 
 
 def _args(sources: Path, out: Path, *extra: str) -> list[str]:
-    return ["generate", "--sources", str(sources), "--out", str(out), "--concurrency", "4", "--max-rounds", "3",
+    return ["generate", "--sources", str(sources), "--out", str(out), "--backend", "gemini", "--concurrency", "4", "--max-rounds", "3",
             "--timeout", "20", "--retry-base-delay", "0.01", "-q", *extra]
 
 
@@ -174,6 +174,8 @@ def test_a_worker_killed_by_the_system_ends_the_cli_with_the_infrastructure_exit
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == workers.EXIT_INFRASTRUCTURE == 4, err
         err = "".join(line for line in err.splitlines(True) if "of unknown data use" not in line)  # destinations.py
-        assert err.count("\n") == 1 and "ended (exit code -9)" in err and "rerun the same command" in err, err
+        first, *rest = err.strip().splitlines()  # the run's first line names the backends, then the one error line
+        assert first.startswith("medbanana generate: writer gemini") and len(rest) == 1, err
+        assert "ended (exit code -9)" in rest[0] and "rerun the same command" in rest[0], err
         rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
         assert rerun.returncode == 0, rerun.stderr

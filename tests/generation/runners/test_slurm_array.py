@@ -86,7 +86,7 @@ def test_the_array_recipe_run_as_slurm_would_merges_into_the_single_run(tmp_path
         logs = "".join(p.read_text() for p in sorted(jobs.glob("slurm-*.out")))
         assert done.returncode == 0, done.stdout + done.stderr + logs
         use_fake_gemini(monkeypatch, fake, KEY)
-        assert main(["generate", "--sources", str(sources), "--out", str(tmp_path / "single"), "--seed", "0",
+        assert main(["generate", "--sources", str(sources), "--out", str(tmp_path / "single"), "--backend", "gemini", "--seed", "0",
                      "-q"]) == 0
 
     count = int(SHARDS_SCRIPT.split("\nN=")[1].split()[0])

@@ -40,7 +40,7 @@ def test_workers_auto_spawns_one_worker_per_cpu_capped_by_concurrency(tmp_path, 
     with FakeGemini(engine="echo") as fake:
         use_fake_gemini(monkeypatch, fake, KEY)
         assert main(["generate", "--sources", str(sources), "--out", str(tmp_path / "run"), "--workers", "auto",
-                     "--limit", "3", "--concurrency", str(concurrency), "--max-rounds", "2", "-q"]) == 0
+                     "--backend", "gemini", "--limit", "3", "--concurrency", str(concurrency), "--max-rounds", "2", "-q"]) == 0
     expected = processes.auto_workers(concurrency, tasks=3)
     assert expected == min(len(os.sched_getaffinity(0)), concurrency, 3)
     assert len(spawned) == (expected if expected > 1 else 0)  # one worker runs in this process, unspawned
