@@ -190,14 +190,18 @@ def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options, p
     except ImportError as exc:
         print(f"medbanana generate: {exc}", file=sys.stderr)
         return 2
+    import warnings
+
     from ..runners.generate import select_tasks, sent_to
     from ..runners.ray_executor import ShardJob, run_on_ray
 
     from ..runners.generate import spec_models
 
-    sent_to(select_tasks(sources, selection, args.modality, args.limit), sources, spec)  # each shard checks again
+    *_, cautions = sent_to(select_tasks(sources, selection, args.modality, args.limit), sources, spec)  # and shards
     announcer(args.backend is None and not any(getattr(args, role) for role in ROLES), args.quiet)(
         spec_models(spec), None)
+    for line in cautions:
+        warnings.warn(line, stacklevel=2)
     job = ShardJob(sources, spec, options, selection=selection, modality=args.modality, limit=args.limit,
                    prices=prices, budget=args.budget)
     return run_on_ray(job, out, shards=args.shards, address=args.ray_address, cpus_per_shard=args.workers,

@@ -127,9 +127,9 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
         limit, known = None, failed_uids(out)
         options = replace(options, shard=tuple(recorded["shard"]) if recorded.get("shard") else None)
     tasks = select_tasks(sources, selection, modality, limit, known, allow_none=options.retry_failed)
-    sent = sent_to(tasks, sources, spec, backend, roles, backend_options)  # refused here, before any connection
+    places, classes, cautions = sent_to(tasks, sources, spec, backend, roles, backend_options)  # refused here
     extra_config = {**(extra_config or {}), "destinations": record_destinations(
-        sent[0], sent[1], (schema.read_run_config(out) or {}).get("destinations") if Path(out).is_dir() else None)}
+        places, classes, (schema.read_run_config(out) or {}).get("destinations") if Path(out).is_dir() else None)}
     if spec is not None:  # built here with workers too: to record them, and to fail on bad options before any spawn
         writer, editor, judge = spec.build(out)
     else:
@@ -148,7 +148,14 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
         config["selection"] = recorded
     options, plan = _priced(options, described, prices, budget, batch is not None, (writer, editor, judge), tasks,
                             out)
-    on_open = (lambda: announce(described, plan)) if announce is not None else None  # once the folder is ours
+
+    def on_open() -> None:  # once the folder is ours, before any call: the run's first line, then its warnings
+        import warnings
+
+        if announce is not None:
+            announce(described, plan)
+        for line in cautions:
+            warnings.warn(line, stacklevel=2)
     if batch is not None:
         from .batch import run_batch
 
@@ -197,11 +204,10 @@ def failed_uids(run_dir: Path) -> set[str]:
 
 
 def sent_to(tasks: list[Task], sources: Path, spec: BackendSpec | None, backend: str = "simulator",
-            roles: dict | None = None, backend_options: dict | None = None) -> tuple[list, set[str]]:
-    """(the run's destinations, the data-use classes of its tasks' sources): DestinationRefused when a class may not
-    go to a destination (destinations.gate), each warning it has for them given as a warning (one line each)."""
-    import warnings
-
+            roles: dict | None = None, backend_options: dict | None = None) -> tuple[list, set[str], list[str]]:
+    """(the run's destinations, the data-use classes of its tasks' sources, the gate's warning lines for them):
+    DestinationRefused when a class may not go to a destination (destinations.gate). The caller gives the warnings
+    once the run's first line is out."""
     if spec is not None:
         places = destinations(spec.roles, gemini=spec.gemini, openai=spec.openai, diffusers=spec.diffusers)
     else:  # backends by name and options: each backend's options from the first role that plays it
@@ -210,9 +216,7 @@ def sent_to(tasks: list[Task], sources: Path, spec: BackendSpec | None, backend:
         places = destinations(names, gemini=given.get("gemini"), openai=given.get("openai"),
                               diffusers=given.get("diffusers"))
     classes = classes_of({task.dataset for task in tasks}, sources_data_use(sources))
-    for line in gate(places, classes):
-        warnings.warn(line, stacklevel=2)
-    return places, set(classes)
+    return places, set(classes), gate(places, classes)
 
 
 def select_tasks(sources: Path, selection: Selection, modality: str | None, limit: int | None,

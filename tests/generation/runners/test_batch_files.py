@@ -102,7 +102,8 @@ def test_no_results_file_outlives_an_interrupted_or_killed_batch_run(echo_gemini
     out = tmp_path / "run"
     work = out / "medbanana-cache" / "batches"
     command = [sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out", str(out),
-               "--batch", "--poll-interval", "0.02", "--max-rounds", "2", "--max-attempts", "3", "-q"]
+               "--backend", "gemini", "--batch", "--poll-interval", "0.02", "--max-rounds", "2", "--max-attempts", "3",
+               "-q"]
 
     def start_held() -> subprocess.Popen:
         """A run, stopped in the middle of its first results download (the partial file on disk)."""
@@ -130,7 +131,7 @@ def test_no_results_file_outlives_an_interrupted_or_killed_batch_run(echo_gemini
     # ... until the next run opens the directory, with --batch (below) or without it (here, on a copy)
     local = tmp_path / "resumed-without-batch"
     shutil.copytree(out, local)
-    done = subprocess.run([*command[:command.index("--out") + 1], str(local), "--max-rounds", "2", "-q"],
+    done = subprocess.run([*command[:command.index("--out") + 1], str(local), "--backend", "gemini", "--max-rounds", "2", "-q"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1 request or results files of a killed --batch run removed" in done.stdout

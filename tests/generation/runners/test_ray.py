@@ -236,11 +236,11 @@ def test_a_driver_killed_while_merging_is_resumed(tmp_path, capsys):
     shutil.copytree(whole / SHARDS, part / SHARDS)
     unreachable = ["--executor", "ray", "--ray-address", "127.0.0.1:9", "--shards", "2"]
 
-    assert main(["merge", str(shard_dir(whole, 0, 2)), "--out", str(whole)]) == 0
+    assert main(["merge", str(shard_dir(whole, 0, 2)), "--out", str(whole), "--partial"]) == 0  # as the driver does
     assert main(args(whole) + unreachable) == 0
     _check_merged_like_single(whole, single, 4)
 
-    assert main(["merge", str(shard_dir(part, 0, 2)), "--out", str(part)]) == 0
+    assert main(["merge", str(shard_dir(part, 0, 2)), "--out", str(part), "--partial"]) == 0
     journal = part / layout.JOURNAL
     lines = journal.read_bytes().splitlines(keepends=True)
     assert len(lines) >= 2
