@@ -7,106 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..geometry import GEOMETRY_MODES
 from ..records import DEFAULT_MAX_PIXELS
 from ..taxonomy import DIRECTIONS, load_taxonomy
-
-
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard wants i/N, e.g. 0/4, not {text!r}") from None
-    if not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= i < N")
-    return index, count
-
-
-def whole_number(text: str, minimum: int = 1, auto: bool = False) -> int | str:
-    """A whole number of at least `minimum`, or also 'auto' (`--workers`): argparse adds the option's name."""
-    if auto and text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"want a whole number of at least {minimum}{' or auto' if auto else ''}, "
-                                         f"not {text!r}")
-    return value
-
-
-def _count(text: str) -> int | str:
-    return whole_number(text)
-
-
-def _workers(text: str) -> int | str:
-    return whole_number(text, auto=True)
-
-
-def _positive(text: str) -> float:
-    """A number above 0 (seconds, rates): argparse adds the option's name."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"want a number above 0, not {text!r}")
-    return value
-
-
-def _accept(text: str) -> str:
-    """An acceptance policy checked when the options are read (loop.acceptance_policy), kept as its text."""
-    from ..loop import acceptance_policy
-
-    try:
-        acceptance_policy(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-ROLES = ("writer", "editor", "judge")
-RUN_DEFAULTS = {"max_rounds": 5, "seed": 0, "accept": "qualified"}  # add_run_options; generate: after --retry-failed
-
-
-def take_recorded_options(args, config: dict) -> None:
-    """--retry-failed: the options RUN_DIR/medbanana-run.json records (each role's backend and model, Vertex AI and
-    its project and location, max rounds, seed, accept policy) for those not given, so that the retry command
-    `generate` prints works as printed. Any given is kept: a different one is refused by the run directory's check,
-    naming it."""
-    for name in RUN_DEFAULTS:
-        if getattr(args, name) is None and config.get(name) is not None:
-            setattr(args, name, config[name])
-    backends = config.get("backends") if isinstance(config.get("backends"), dict) else {}
-    for role in ROLES:
-        made = backends.get(role) if isinstance(backends.get(role), dict) else {}
-        if not isinstance(made.get("backend"), str):
-            continue
-        if getattr(args, role) is None and args.backend is None:
-            setattr(args, role, made["backend"])
-        chosen = getattr(args, role) or args.backend
-        model_option = f"{role}_model"
-        taken_by_openai_model = chosen == "openai" and args.openai_model
-        if (chosen == made["backend"] != "simulator" and made.get("model") and not taken_by_openai_model
-                and getattr(args, model_option, "absent") is None):  # the simulator's models are its own
-            setattr(args, model_option, made["model"])
-        if chosen == made["backend"] and isinstance(vertex := made.get("vertex"), dict):  # a run on Vertex AI
-            args.vertex = True
-            for key in ("project", "location"):
-                if getattr(args, f"vertex_{key}") is None and isinstance(vertex.get(key), str):
-                    setattr(args, f"vertex_{key}", vertex[key])
-
-
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("refinement loop")
-    g.add_argument("--max-rounds", type=_count, default=RUN_DEFAULTS["max_rounds"],
-                   help=f"rounds per task before it counts as failed (default {RUN_DEFAULTS['max_rounds']})")
-    g.add_argument("--concurrency", type=_count, default=4, help="tasks in flight at once (default 4)")
-    g.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"],
-                   help=f"run seed; each attempt's seed derives from it (default {RUN_DEFAULTS['seed']})")
-    g.add_argument("--accept", type=_accept, default=RUN_DEFAULTS["accept"],
-                   help="acceptance policy: 'qualified' (the judge's verdict, default) or 'score>=0.7'")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+from .run_options import (RUN_DEFAULTS, ROLES, count_arg, positive_arg, shard_arg, workers_arg, add_run_options,
+                          take_recorded_options)
 
 
 def cmd_generate(args) -> int:
@@ -115,7 +20,7 @@ def cmd_generate(args) -> int:
     from PIL import Image
 
     from ..backends.gemini_client import VertexTarget
-    from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+    from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings, SimulatorSettings
     from ..runners.generate import BackendSpec, default_backend, generate, run_config
     from ..runners.local import RunOptions
     from ..sources.scan import Selection
@@ -145,6 +50,10 @@ def cmd_generate(args) -> int:
     for name, default in RUN_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if args.geometry not in GEOMETRY_MODES:  # a recorded value from --retry-failed's run
+        print(f"medbanana generate: --geometry {args.geometry!r} is not one of {', '.join(GEOMETRY_MODES)}",
+              file=sys.stderr)
+        return 2
     if sources is None or out is None:
         print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
         return 2
@@ -168,7 +77,11 @@ def cmd_generate(args) -> int:
         model=args.editor_model, steps=args.diffusers_steps, guidance_scale=args.guidance_scale,
         image_guidance_scale=args.image_guidance_scale, resolution=args.diffusers_resolution, dtype=args.dtype,
         device=args.device, batch_size=args.diffusers_batch_size, attention=args.diffusers_attention,
-        attention_dir=args.save_attention))
+        attention_dir=args.save_attention), simulator=SimulatorSettings(drift=args.simulator_drift or 0.0))
+    if args.simulator_drift and roles["editor"] != "simulator":
+        print("medbanana generate: --simulator-drift is the offline simulator's editor option; the editor here is "
+              f"{roles['editor']}", file=sys.stderr)
+        return 2
     one_process = bool(args.batch or roles["editor"] == "diffusers")
     if args.workers == "auto":
         if args.executor == "ray":
@@ -188,7 +101,8 @@ def cmd_generate(args) -> int:
     options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
                          accept=args.accept, retry_failed=bool(args.retry_failed),
                          drop_missing_sources=args.drop_missing_sources, shard=args.shard,
-                         workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels, c2pa=c2pa)
+                         workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels, c2pa=c2pa,
+                         geometry=args.geometry)
     if args.executor == "ray":
         summary = _generate_on_ray(args, Path(sources), Path(out), selection, spec, options)
         if isinstance(summary, int):
@@ -275,11 +189,11 @@ def register(sub) -> None:
                                           "local folder or Hugging Face id, required)")
     g.add_argument("--writer-model", help="instruction writer model id (default gemini-2.5-pro)")
     g.add_argument("--judge-model", help="judge model id (default gemini-2.5-pro)")
-    g.add_argument("--rpm", type=_positive, help="client-side limit of requests per minute per model (default: none)")
-    g.add_argument("--tpm", type=_positive, help="client-side limit of tokens per minute per model, from the usage "
+    g.add_argument("--rpm", type=positive_arg, help="client-side limit of requests per minute per model (default: none)")
+    g.add_argument("--tpm", type=positive_arg, help="client-side limit of tokens per minute per model, from the usage "
                                              "each answer reports (default: none)")
-    g.add_argument("--timeout", type=_positive, default=180.0, help="seconds per call before it is retried (default 180)")
-    g.add_argument("--max-attempts", type=_count, default=6,
+    g.add_argument("--timeout", type=positive_arg, default=180.0, help="seconds per call before it is retried (default 180)")
+    g.add_argument("--max-attempts", type=count_arg, default=6,
                    help="tries per call on 408/429/5xx/transport errors, with back-off and jitter (default 6)")
     g.add_argument("--retry-base-delay", type=float, default=2.0, metavar="SECONDS",
                    help="first back-off, doubled per retry up to 60 s; a longer Retry-After wins (default 2)")
@@ -294,7 +208,7 @@ def register(sub) -> None:
     g.add_argument("--batch", action="store_true",
                    help="use the Batch API (half price, slow): each round's writer, editor and judge calls of all "
                         "pending tasks go out as one job each; rerunning resumes polling submitted jobs")
-    g.add_argument("--poll-interval", type=_positive, default=30.0, metavar="SECONDS",
+    g.add_argument("--poll-interval", type=positive_arg, default=30.0, metavar="SECONDS",
                    help="--batch: seconds between polls of a running job (default 30)")
     g = p.add_argument_group(
         "open backends (your own GPUs)",
@@ -310,13 +224,13 @@ def register(sub) -> None:
     g.add_argument("--structured-output", choices=("json_schema", "json_object", "none"), default="json_schema",
                    help="how the openai judge asks for its JSON verdict; a server that rejects it is asked again "
                         "in plain text, read by a tolerant parser (default json_schema)")
-    g.add_argument("--diffusers-steps", type=_count, default=20, metavar="N", help="denoising steps (default 20)")
+    g.add_argument("--diffusers-steps", type=count_arg, default=20, metavar="N", help="denoising steps (default 20)")
     g.add_argument("--guidance-scale", type=float, default=7.5, help="text guidance (default 7.5)")
     g.add_argument("--image-guidance-scale", type=float, default=1.5,
                    help="image guidance: higher keeps closer to the source (default 1.5)")
-    g.add_argument("--diffusers-resolution", type=_count, default=512, metavar="PIXELS",
+    g.add_argument("--diffusers-resolution", type=count_arg, default=512, metavar="PIXELS",
                    help="working size of the longer side; the edit is resized back to the source size (default 512)")
-    g.add_argument("--diffusers-batch-size", type=_count, default=4, metavar="N",
+    g.add_argument("--diffusers-batch-size", type=count_arg, default=4, metavar="N",
                    help="edits per pipeline call, gathered from the tasks in flight (default 4; keep --concurrency "
                         "at least this)")
     g.add_argument("--dtype", choices=("auto", "float16", "bfloat16", "float32"), default="auto",
@@ -332,13 +246,13 @@ def register(sub) -> None:
                    help="re-run the tasks of RUN_DIR that ended with an API error, with the selection (diseases, "
                         "modalities, directions, shard, limit) and sources its medbanana-run.json records; "
                         "other selection options are refused. Backends, models, --vertex-project/--vertex-location, "
-                        "--max-rounds, --seed and --accept default to the recorded ones too (give the signing certificate again: it is not stored)")
+                        "--max-rounds, --seed, --accept, --geometry and --simulator-drift default to the recorded ones too (give the signing certificate again: it is not stored)")
     p.add_argument("--drop-missing-sources", action="store_true",
                    help="with --retry-failed: end for good the api_failed tasks whose source file is gone (kept in "
                         "the records with kind source_missing, their rounds too; not counted by the exit code). "
                         "Without it they are named and stay api_failed, in case the sources are only unmounted")
-    p.add_argument("--shard", type=_shard, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
-    p.add_argument("--workers", type=_workers, default=1, metavar="N|auto",
+    p.add_argument("--shard", type=shard_arg, metavar="i/N", help="take the i-th of N deterministic parts of the tasks")
+    p.add_argument("--workers", type=workers_arg, default=1, metavar="N|auto",
                    help="processes making the calls, sharing --concurrency, --rpm and --tpm (default 1). Worth it "
                         "when the client's CPU is the limit: many calls in flight to a fast endpoint; each worker "
                         "costs ~1 s to start. The run directory is written by this process alone. 'auto': one per "
@@ -354,7 +268,7 @@ def register(sub) -> None:
         "--shard i/N per job and `medbanana merge`.")
     g.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where the run's tasks run: this machine (default) or a Ray cluster")
-    g.add_argument("--shards", type=_count, metavar="N",
+    g.add_argument("--shards", type=count_arg, metavar="N",
                    help="--executor ray: parts of the run, one Ray task each (default: as many as under OUT from "
                         "an earlier submission, else one per slot of the cluster)")
     g.add_argument("--ray-address", metavar="auto|HOST:PORT",
@@ -364,7 +278,7 @@ def register(sub) -> None:
     g.add_argument("--ray-gpus-per-shard", type=float, default=0, metavar="G",
                    help="--executor ray: GPUs each shard task reserves (default 0, none; a diffusers editor "
                         "wants 1). Each shard also reserves as many CPUs as --workers")
-    p.add_argument("--limit", type=_count, help="only the first N tasks (for a quick try)")
+    p.add_argument("--limit", type=count_arg, help="only the first N tasks (for a quick try)")
     g = p.add_argument_group(
         "signed provenance (C2PA Content Credentials; pip install 'medbanana[c2pa]')",
         "With a certificate and its key, every image written (accepted and rejected) carries a signed C2PA manifest "
@@ -376,7 +290,7 @@ def register(sub) -> None:
                    help="signing certificate, then its issuers, PEM (default: $MEDBANANA_C2PA_CERT)")
     g.add_argument("--c2pa-key", type=Path, metavar="KEY.pem",
                    help="the signing certificate's private key, unencrypted PEM (default: $MEDBANANA_C2PA_KEY)")
-    p.add_argument("--max-pixels", type=_count, default=DEFAULT_MAX_PIXELS, metavar="N",
+    p.add_argument("--max-pixels", type=count_arg, default=DEFAULT_MAX_PIXELS, metavar="N",
                    help="a source with more pixels than this (width x height, read from its header before "
                         "decoding) ends its tasks as source errors (default %(default)s, as `prepare --max-pixels`; "
                         "Pillow itself refuses more than twice its default)")

@@ -5,7 +5,7 @@ Shards may come from other machines, so every journal line is data: each `task` 
 (`schema.TASK_LINE`) and checked as the store writes it (`_check_record`: plain names the builder reads back, uid
 and key following from them, rounds 1..n, each image the path the layout gives for its round); each image is read
 only from inside its shard, must be a regular file there, and is written only inside --out (`layout.inside`,
-symlinks resolved). An image's masks (layout.mask_relpaths) come along, before it, where the shard has them as
+symlinks resolved). An image's masks and original (layout.companion_relpaths) come along, before it, where the shard has them as
 regular files inside it; any other is left behind (a build recomputes a missing mask). Every record of every shard
 is checked before anything is written: a refusal is one line naming
 the shard, the journal line and the field, and --out is left as it was (not created, if it did not exist). --out
@@ -183,11 +183,11 @@ def _checked_copies(run_dir: Path, out: Path, where: str, record: schema.Journal
 
 
 def _mask_copies(run_dir: Path, out: Path, field: str, image: str) -> list[tuple[Path, Path]]:
-    """(source in the shard, destination in --out) of an image's masks that the shard holds as regular files
-    inside it; one missing, irregular or linked outside the shard is not carried (never followed or opened). The
+    """(source in the shard, destination in --out) of an image's masks and original (layout.companion_relpaths)
+    that the shard holds as regular files inside it; one missing, irregular or linked outside the shard is not carried (never followed or opened). The
     destination is checked as an image's is."""
     copies = []
-    for relpath in layout.mask_relpaths(image):
+    for relpath in layout.companion_relpaths(image):
         try:
             src = layout.inside(run_dir, relpath, named_by=field)
         except layout.UnsafePath:

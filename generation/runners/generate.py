@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import backends
-from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings, SimulatorSettings
 from ..prompts import PROMPT_NAMES, prompt_versions
 from ..rundir import layout, schema
 from ..records import Task
@@ -45,9 +45,11 @@ class BackendSpec:
     gemini: GeminiSettings = GeminiSettings()
     openai: OpenAISettings = OpenAISettings()
     diffusers: DiffusersSettings = DiffusersSettings()
+    simulator: SimulatorSettings = SimulatorSettings()
 
     def __post_init__(self):
-        for name, kind in (("gemini", GeminiSettings), ("openai", OpenAISettings), ("diffusers", DiffusersSettings)):
+        for name, kind in (("gemini", GeminiSettings), ("openai", OpenAISettings), ("diffusers", DiffusersSettings),
+                           ("simulator", SimulatorSettings)):
             if isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, kind(**getattr(self, name)))
 
@@ -55,7 +57,7 @@ class BackendSpec:
         """(writer, editor, judge); with share > 1 this is one of `share` processes, each allowed 1/share of
         the client-side rate limits (--rpm, --tpm) so that together they keep to them."""
         options = {}
-        for settings in (self.gemini, self.openai, self.diffusers):
+        for settings in (self.gemini, self.openai, self.diffusers, self.simulator):
             options.update(settings.share(share).options(out, self.roles))
         return make_backends(self.backend, **self.roles, options=options)
 

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ..backends.settings import remove_batch_files
 from ..failures import SOURCE_MISSING
 from ..files import atomic_write_json
+from ..geometry import DEFAULT_GEOMETRY
 from ..records import DEFAULT_MAX_PIXELS, Task, TaskOutcome
 from ..rundir import layout
 from ..rundir.signing import SigningCredentials
@@ -39,6 +40,7 @@ class RunOptions:
     materialize_every: float = 30.0
     quiet: bool = False
     c2pa: SigningCredentials | None = None  # sign every image written (rundir/signing.py); paths only, no key
+    geometry: str = DEFAULT_GEOMETRY  # the geometry guard's mode (generation/geometry.py): reject | register | record
 
 
 @dataclass
@@ -58,12 +60,15 @@ class RunSummary:
     dataset: dict | None = None  # its medbanana-build.json
     missing_sources: list[str] = field(default_factory=list)  # retried api_failed tasks whose source file is gone
     dropped: int = 0  # of those, how many --drop-missing-sources ended now
+    geometry: Counter = field(default_factory=Counter)  # the geometry guard's actions over all attempt images
 
     def count_finished(self, records) -> None:
         """Add finished task records (journal `record`s) to the statuses, failed attempts, rounds and errors."""
         for record in records:
             self.statuses[record["status"]] += 1
             self.failed_attempts += sum(1 for r in record["rounds"] if not r.get("accepted"))
+            self.geometry.update(r["geometry"].get("action") for r in record["rounds"]
+                                 if isinstance(r.get("geometry"), dict) and r["geometry"].get("action"))
             if record["status"] == "success":
                 self.success_rounds[record["success_round"]] += 1
             if record.get("error"):
@@ -76,7 +81,7 @@ class RunSummary:
                 "success_rounds": {str(k): v for k, v in sorted(self.success_rounds.items())},
                 "error_kinds": dict(self.error_kinds), "api_calls": self.api_calls, "cache_hits": self.cache_hits,
                 "reconciled": {k: v for k, v in sorted(self.reconciled.items()) if v},
-                "seconds": round(self.seconds, 2)}
+                "geometry": dict(sorted(self.geometry.items())), "seconds": round(self.seconds, 2)}
 
     def format(self) -> str:
         d = self.as_dict()
@@ -86,6 +91,8 @@ class RunSummary:
                  f"  failed attempts  {d['failed_attempts']} (kept as images and records)",
                  f"  errors           {d['api_failed']} {d['error_kinds'] or ''}".rstrip(),
                  f"  success by round {hist}", f"run directory: {self.run_dir}"]
+        if moved := geometry_text(d["geometry"]):
+            lines.insert(-1, f"  frame moved      {moved}")
         if self.api_calls or self.cache_hits:
             lines.insert(-1, f"  API calls        {self.api_calls} (from the request cache: {self.cache_hits})")
         if fixed := reconciled_text(d["reconciled"]):
@@ -99,6 +106,13 @@ class RunSummary:
                       f"  load it: python -c 'from datasets import load_dataset; "
                       f"print(load_dataset(\"{self.dataset_dir}\", \"dpo_pairs\"))'"]
         return "\n".join(lines)
+
+
+def geometry_text(actions: dict) -> str:
+    """What the geometry guard did with edits whose frame moved, in words ('' when none moved)."""
+    words = {"rejected": "rejected before the judge", "registered": "warped back onto the source's grid",
+             "recorded": "judged as they came (--geometry record)"}
+    return ", ".join(f"{actions[k]} {text}" for k, text in words.items() if actions.get(k))
 
 
 def reconciled_text(counts: dict) -> str:
@@ -152,7 +166,7 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
 
         signer = ImageSigner(options.c2pa)
     store = RunStore(run_dir, {"max_rounds": options.max_rounds, "accept": options.accept, "seed": options.seed,
-                               **(config or {})}, signer=signer).open()
+                               "geometry": options.geometry, **(config or {})}, signer=signer).open()
     summary = RunSummary(Path(run_dir), reconciled=Counter(store.reconciled))
     if removed := remove_batch_files(run_dir):  # any run, --batch or not: only a live batch run needs them
         summary.reconciled["batch_files"] = removed
