@@ -20,6 +20,7 @@ from pathlib import Path
 import datasets
 
 from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
+from .builder.run_geometry import fill_geometry
 from .builder.run_masks import MaskFolders, row_masks
 from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
 from .builder.runs import discover_units, read_tasks
@@ -67,5 +68,7 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
                     source = sources.image_value(task.dataset, task.direction, task.disease, task.source_id,
                                                  task.source_path)
                 masks = row_masks(task, images, source, confined, folders) if config in MASK_CONFIGS else None
+                if config in MASK_CONFIGS:
+                    fill_geometry(task, images, source)
                 for row in ROW_ITERATORS[config](task, images, source, masks):
                     yield row_key(config, row), row

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .parquet import ConfigSchema, ShardedParquetWriter
 from .rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, split_of
+from .run_geometry import fill_geometry
 from .run_masks import MaskFolders, row_masks
 from .runs import Unit, read_tasks
 from .safety import Confined, Refused
@@ -95,10 +96,11 @@ def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hashe
 
 def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None,
                   confined: tuple[Confined, MaskFolders], skip: bool, with_masks: bool):
-    """(task, its images, its source image, its masks, where its edit masks came from) in order, reading (and with
-    `with_masks` reading or computing the masks of) the next _READ_AHEAD tasks in threads meanwhile: with a cold
-    cache one read at a time leaves the disk idle between files (reads, and numpy and scipy's work on the masks,
-    release the GIL). With `skip`, a task whose input is refused comes as (task, the Refused, None, None, None)."""
+    """(task, its images, its source image, its masks, where its edit masks came from, where its alignment came
+    from) in order, reading (and with `with_masks` reading or computing the masks and measuring the alignment of)
+    the next _READ_AHEAD tasks in threads meanwhile: with a cold cache one read at a time leaves the disk idle
+    between files (reads, and numpy and scipy's work on the masks, release the GIL). With `skip`, a task whose
+    input is refused comes as (task, the Refused, None, None, None, None)."""
     confined, folders = confined
 
     def read(task):
@@ -110,11 +112,12 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
             images = load_images(task, confined)
             origins: Counter = Counter()
             masks = row_masks(task, images, source, confined, folders, origins) if with_masks else None
+            alignment = fill_geometry(task, images, source) if with_masks else Counter()
         except Refused as exc:
             if not skip:
                 raise
-            return exc, None, None, None
-        return images, source, masks, origins
+            return exc, None, None, None, None
+        return images, source, masks, origins, alignment
 
     window: deque = deque()
     upcoming = iter(tasks)
@@ -134,8 +137,8 @@ def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildS
     with_images = bool(IMAGE_CONFIGS & set(spec.configs))
     loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip",
                             bool(MASK_CONFIGS & set(spec.configs))) if with_images
-              else ((task, {}, None, None, None) for task in tasks))
-    for done, (task, images, source, masks, origins) in enumerate(loaded, 1):
+              else ((task, {}, None, None, None, None) for task in tasks))
+    for done, (task, images, source, masks, origins, alignment) in enumerate(loaded, 1):
         if isinstance(images, Refused):  # policy skip: the task gives no row in any config
             stats.add_refusal(images)
             continue
@@ -143,6 +146,8 @@ def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildS
         stats.add_task(task, images, None if sources is None or not with_images else source is not None)
         if origins:
             stats.mask_origins.update(origins)
+        if alignment:
+            stats.alignment.update(alignment)
         if task.uid in spec.review_uids:
             stats.reviewed_tasks.add(task.uid)
         for config in spec.configs:

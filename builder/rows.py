@@ -2,7 +2,8 @@
 
 Both the parquet build (`builder.build`) and the loading builder (`medbanana_50k.py`) call `ROW_ITERATORS`.
 Images are `{"bytes": <the file's bytes as they are>, "path": <path relative to the run>}` or None (missing);
-masks (`edit_mask`, `region_mask`) come computed per task (`masks.task_masks`), or None without a source.
+masks (`edit_mask`, `region_mask`) come computed per task (`masks.task_masks`), or None without a source; the
+alignment columns from each attempt's geometry (run_geometry.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..generation.records import verdict_values
 from ..generation.taxonomy import load_taxonomy
+from .run_geometry import alignment_columns
 from .runs import AttemptRecord, TaskRecord
 from .safety import Confined
 
@@ -92,7 +94,7 @@ def sft_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskM
         return
     yield {**identity(task), "instruction": accepted.instruction, "source_image": source,
            "edited_image": _image(images, accepted), **mask_columns(masks, accepted),
-           "success_round": task.success_round, **verdict_columns(accepted)}
+           **alignment_columns(accepted), "success_round": task.success_round, **verdict_columns(accepted)}
 
 
 def failed_rows(task: TaskRecord, images: Images, source: dict | None,
@@ -101,7 +103,8 @@ def failed_rows(task: TaskRecord, images: Images, source: dict | None,
         if not attempt.accepted:
             yield {**identity(task), "round": attempt.round, "instruction": attempt.instruction,
                    "source_image": source, "edited_image": _image(images, attempt), **mask_columns(masks, attempt),
-                   "edit_error": attempt.edit_error, **verdict_columns(attempt), "task_status": task.status,
+                   **alignment_columns(attempt), "edit_error": attempt.edit_error, **verdict_columns(attempt),
+                   "task_status": task.status,
                    "success_round": task.success_round}
 
 
@@ -143,11 +146,12 @@ def conversation_rows(task: TaskRecord, images: Images, source: dict | None,
 
 
 def judge_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskMasks | None = None) -> Iterator[dict]:
+    """Every attempt a judge judged: not an edit the geometry guard rejected before the judge saw it."""
     for attempt in task.attempts:
-        if attempt.verdict is not None:
+        if attempt.verdict is not None and (attempt.geometry is None or attempt.geometry.action != "rejected"):
             yield {**identity(task), "round": attempt.round, "instruction": attempt.instruction,
                    "source_image": source, "edited_image": _image(images, attempt), **mask_columns(masks, attempt),
-                   "accepted": attempt.accepted,
+                   **alignment_columns(attempt), "accepted": attempt.accepted,
                    **verdict_columns(attempt), "judge_thinking": attempt.judge_thinking,
                    "judge_model": attempt.judge_model}
 

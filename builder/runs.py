@@ -56,6 +56,7 @@ class AttemptRecord(msgspec.Struct, gc=False):
     accepted: bool = False
     image: str | None = None  # path relative to the run directory; None when no image was produced
     seconds: float | None = None
+    geometry: schema.GeometryRecord | None = None  # the geometry guard's record, or measured by the build
 
     @property
     def writer_thinking(self) -> str | None:

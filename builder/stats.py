@@ -51,6 +51,7 @@ class BuildStats:
     sources_missing: int = 0
     source_missing_examples: list = field(default_factory=list)  # what was looked for, in words
     mask_origins: Counter = field(default_factory=Counter)  # run_masks.STORED/COMPUTED/MISSING -> attempt images
+    alignment: Counter = field(default_factory=Counter)  # (run_geometry origin, what was found) -> attempt images
     # inputs refused and left out under `--unsafe skip` (under `error` the first one stops the build)
     refused: Counter = field(default_factory=Counter)  # kind (safety.OUTSIDE, ...) -> refusals
     refusals: list = field(default_factory=list)  # every refusal's message: the file, who named it, why
@@ -198,6 +199,8 @@ class BuildStats:
             "sources_attached": self.sources_attached, "sources_missing": self.sources_missing,
             "source_missing_examples": self.source_missing_examples,
             "edit_masks": dict(sorted(self.mask_origins.items())),
+            "alignment": {f"{origin}:{found}" if found else origin: n
+                          for (origin, found), n in sorted(self.alignment.items())},
             "refused": {"count": len(self.refusals), "tasks_left_out": self.refused_tasks,
                         "by_reason": dict(sorted(self.refused.items())), "items": sorted(self.refusals)},
             "coerced": self.coerced(),

@@ -27,6 +27,7 @@ MODEST_TURN, MODEST_ZOOM = 3.0, 0.1  # ... when it turns less than this (degrees
 REFINE_STEPS = 4  # fits on the edit warped back so far, at most
 REFINE_BELOW = 0.004  # a step that changes A by less than this ends the refinement
 AGREE = 0.35  # working px: a block further than this from the fit (and 2.5 x the median) is left out
+FLAT = 0.5  # grey levels: an image whose working grey varies less than this is blank
 MIRRORS = {"": np.eye(2), "horizontal": np.diag([-1.0, 1.0]), "vertical": np.diag([1.0, -1.0])}
 
 
@@ -300,6 +301,8 @@ def prepare_source(data: bytes | np.ndarray, key: str = "") -> PreparedSource:
 def fit_pair(source: PreparedSource, edited: bytes | np.ndarray) -> tuple[Fit | None, tuple[int, int]]:
     """The best fit of `edited` onto the source (None: nothing in the pair matches), and the edit's size."""
     edit, edit_size = _grey(edited, source.wh)
+    if edit.std() < FLAT or source.grey.std() < FLAT:  # a blank image: nothing to match
+        return None, edit_size
     best, stage, flip = *_candidate(source, edit), ""
     if best is None or best.match < GOOD_MATCH:  # nothing explains the pair well: was it mirrored?
         for mirror in ("horizontal", "vertical"):
