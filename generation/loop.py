@@ -217,7 +217,7 @@ async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter
     started = time.perf_counter()
     step = advance(steps)
     while not isinstance(step, TaskOutcome):
-        answer = None
+        answer: object = None
         try:
             if isinstance(step, RoundFinished):
                 step.attempt.seconds = time.perf_counter() - started

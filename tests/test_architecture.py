@@ -13,7 +13,7 @@ PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation", "review
 # contract (rundir) and the sources below the runners; the builder reads run directories, evaluation reads both.
 BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "generation.files", "generation.secrets",
         "generation.extras", "generation.failures", "generation.anatomy", "generation.raster",
-        "generation.masks"}
+        "generation.masks", "generation.geometry", "generation.registration"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,
