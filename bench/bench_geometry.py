@@ -1,24 +1,31 @@
 """Benchmark the geometry guard's estimate (generation/geometry.py): how often it catches an edit whose frame moved,
 how often it calls an aligned edit misaligned, and what it costs per pair.
 
-    python bench/bench_geometry.py                 # 1024 px sources, 4 normal + 1 diseased per class per modality
-    python bench/bench_geometry.py --normal 2 --size 512 --edits 1   # a quick look
+    python bench/bench_geometry.py                                  # 60 edits per modality at 1024 px
+    python bench/bench_geometry.py --modalities brain_mri --per-modality 150 --seed 2
+    python bench/bench_geometry.py --released ../shared/samples --released-only
 
-1. Edits: the offline demo's sources (chest X-ray and brain MRI phantoms, fundus photographs) at --size px; every
-   task (normal sources x each target: add; diseased sources: remove) edited by the simulated editor with --edits
-   instructions of random strength and extent (the template writer's wording; jitter as in a run): aligned edits,
-   each with its lesion.
+1. Edits: the offline demo's sources (chest X-ray and brain MRI phantoms, fundus photographs) at --size px, --normal
+   normal and --diseased diseased sources per class; --per-modality tasks per modality (add and remove, cycled over
+   sources and targets) edited by the simulated editor with an instruction of random strength and extent (the
+   template writer's wording; jitter as in a run): aligned edits, each with its lesion.
 2. Each edit as an editor returns it: aligned; shifted by exactly 2 px (at 1024, random direction) and by 2-12 px;
    zoomed in or out by exactly 2 % and by 2-8 %; on a canvas 3-10 % longer on one side with the content cropped to
-   fill it (generation/backends/simulator/drift.py), JPEG q95 as the simulator writes.
-3. Rates per modality: detected = the estimate says misaligned (Geometry.aligned false) for a drifted edit; false
-   alarm = it says so for an aligned one; each with its 95 % Wilson interval. Targets (issue 42): >= 95 % detected
-   for shifts >= 2 px and zooms >= 2 %, <= 1 % false alarms on aligned edits, in every modality. The median
-   absolute error of shift (px) and scale (%) is printed beside.
+   fill it (generation/backends/simulator/drift.py); JPEG q95 as the simulator writes. Then "re-rendered", as a
+   generative editor redraws the whole image: the aligned edit, and its 2 px shift and 2 % zoom, blurred (sigma 0.7
+   px at 1024), with grain (Gaussian, sigma 3 grey levels) and JPEG q80.
+3. Rates per modality: detected = the estimate says misaligned (Geometry.aligned false, or not measurable) for a
+   drifted edit; false alarm = it says so for an aligned one; each with its 95 % Wilson interval. Targets (issue
+   42): >= 95 % detected for shifts >= 2 px and zooms >= 2 %, <= 1 % false alarms on aligned edits, in every
+   modality. Beside: for drifted edits the median error of the shift (px) and scale (%); for aligned ones the
+   largest shift and per-axis scale change measured (the tolerances are 1 px and 1 %: how far below them it stays).
 4. Cost: CPU milliseconds per 1024-px pair on one thread (numpy/scipy single-threaded; thread CPU time, so other
-   processes on the machine do not count), median and 95th percentile:
-   with the source's working image kept (a run: a task's rounds and tasks share their source) and cold (both
-   images decoded), for aligned and drifted edits.
+   processes on the machine do not count), median and 95th percentile over the first --timed pairs of each kind:
+   with the source's working image kept (a run: a task's rounds and a source's tasks share it) and cold (both images
+   decoded), for aligned and drifted edits.
+5. With --released DIR (the released sample edits, e.g. ../shared/samples): the released edits of one source,
+   compared with each other (the sources are not released): how often two edits of the same source disagree by
+   more than the tolerances (each pair's difference is both edits' drift composed), and by how much.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -36,7 +44,7 @@ from pathlib import Path
 for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # one core, before numpy loads
     os.environ.setdefault(_name, "1")
 
-SHIFT_RANGE, ZOOM_RANGE = (2.0, 12.0), (0.02, 0.08)
+MODALITIES = ("brain_mri", "chest_xray", "fundus")
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -48,10 +56,12 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def edits(sources: Path, per_task: int, seed: int):
-    """(modality, source bytes, edit bytes) for every task of the demo sources, `per_task` instructions each."""
+def edits(sources: Path, modalities: list[str], per_modality: int, seed: int):
+    """(modality, source bytes, edit bytes): `per_modality` tasks of each modality, cycled over its tasks, each
+    edited with an instruction of random strength and extent."""
     import asyncio
     from dataclasses import replace
+    from itertools import cycle, islice
 
     import numpy as np
 
@@ -61,28 +71,47 @@ def edits(sources: Path, per_task: int, seed: int):
     from medbanana.generation.sources.scan import Selection, scan_sources
 
     editor, rng = SimulatedEditor(), np.random.default_rng(seed)
-    for task in scan_sources(sources, Selection()):
-        source = SourceImage(task.source_path)
-        for k in range(per_task):
-            params = opening_params(task)
-            params = replace(params, intensity=int(rng.integers(0, 5)), size=int(rng.integers(0, 4)))
-            edited = asyncio.run(editor.edit(task, source, compose(task, params), seed=seed * 1000 + k))
-            yield task.modality, source.data, edited.data
+    tasks = scan_sources(sources, Selection())
+    for modality in modalities:
+        mine = [t for t in tasks if t.modality == modality]
+        rng.shuffle(mine)
+        for n, task in enumerate(islice(cycle(mine), per_modality)):
+            params = replace(opening_params(task), intensity=int(rng.integers(0, 5)), size=int(rng.integers(0, 4)))
+            source = SourceImage(task.source_path)
+            edited = asyncio.run(editor.edit(task, source, compose(task, params), seed=seed * 100_000 + n))
+            yield modality, source.data, edited.data
+
+
+def rerendered(rgb, size: tuple[int, int], rng):
+    """The image as a generative editor redraws it: a light blur, grain, and JPEG q80 bytes."""
+    import numpy as np
+    from scipy import ndimage
+
+    from medbanana.generation.records import encode_jpeg
+
+    sigma = 0.7 * max(size) / 1024
+    soft = ndimage.gaussian_filter(rgb.astype(np.float32), (sigma, sigma, 0))
+    return encode_jpeg(np.clip(soft + rng.normal(0, 3, soft.shape), 0, 255), quality=80)
 
 
 def variants(rgb, size: tuple[int, int], rng):
-    """(kind, Drift) of every drift the bench applies to one edit; `kind` names its row."""
+    """(row, Drift or None, re-rendered) of every version of one edit the bench measures."""
     from medbanana.generation.backends.simulator.drift import Drift, random_drift
 
     unit = max(size) / 1024
     angle = rng.uniform(0, 2 * math.pi)
-    yield "aligned", None
-    yield "shift 2 px", Drift("shift", dx=2 * unit * math.cos(angle), dy=2 * unit * math.sin(angle))
-    yield "shift 2-12 px", random_drift(rng, size, "shift")
+    two_px = Drift("shift", dx=2 * unit * math.cos(angle), dy=2 * unit * math.sin(angle))
     exact = 1.02 if rng.random() < 0.5 else 0.98
-    yield "zoom 2 %", Drift("zoom", scale_x=exact, scale_y=exact)
-    yield "zoom 2-8 %", random_drift(rng, size, "zoom")
-    yield "aspect 3-10 %", random_drift(rng, size, "aspect")
+    two_percent = Drift("zoom", scale_x=exact, scale_y=exact)
+    yield "aligned", None, False
+    yield "shift 2 px", two_px, False
+    yield "shift 2-12 px", random_drift(rng, size, "shift"), False
+    yield "zoom 2 %", two_percent, False
+    yield "zoom 2-8 %", random_drift(rng, size, "zoom"), False
+    yield "aspect 3-10 %", random_drift(rng, size, "aspect"), False
+    yield "aligned, re-rendered", None, True
+    yield "shift 2 px, re-rendered", two_px, True
+    yield "zoom 2 %, re-rendered", two_percent, True
 
 
 def main(argv=None) -> int:
@@ -90,46 +119,63 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=1024, help="source size in px (default 1024)")
     parser.add_argument("--normal", type=int, default=4, help="normal sources per modality (default 4)")
     parser.add_argument("--diseased", type=int, default=1, help="diseased sources per target (default 1)")
-    parser.add_argument("--edits", type=int, default=1, help="instructions per task (default 1)")
+    parser.add_argument("--per-modality", type=int, default=60, help="edits per modality (default 60)")
+    parser.add_argument("--modalities", nargs="+", choices=MODALITIES, default=list(MODALITIES))
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--timed", type=int, default=60, help="pairs of each kind timed (default 60)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per pair; the fastest counts (default 3)")
+    parser.add_argument("--released", type=Path, metavar="DIR",
+                        help="also compare the released edits of each source in DIR (e.g. ../shared/samples)")
+    parser.add_argument("--released-only", action="store_true", help="only the --released comparison")
     args = parser.parse_args(argv)
+    if args.released_only:
+        return released(args.released)
 
     import numpy as np
 
-    from medbanana.generation import geometry
     from medbanana.generation.backends.simulator.drift import drifted
     from medbanana.generation.backends.simulator.phantoms import write_demo_sources
+    from medbanana.generation.geometry import estimate_geometry
     from medbanana.generation.records import decode_rgb, encode_jpeg
 
     rng = np.random.default_rng(args.seed)
-    counts: dict = defaultdict(lambda: [0, 0])  # (modality, kind) -> [flagged, n]
-    errors: dict = defaultdict(list)  # (modality, kind) -> [(shift error px, scale error %)]
+    counts: dict = defaultdict(lambda: [0, 0])  # (modality, row) -> [flagged, n]
+    errors: dict = defaultdict(list)  # (modality, row) -> [(shift error px, scale error %)]
     cost: dict = defaultdict(list)  # (kept | cold, aligned | drifted) -> ms
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         write_demo_sources(Path(folder), n_normal=args.normal, n_diseased=args.diseased, size=args.size,
                            seed=args.seed)
-        for n, (modality, source, edit) in enumerate(edits(Path(folder), args.edits, args.seed), 1):
+        for n, (modality, source, edit) in enumerate(edits(Path(folder), args.modalities, args.per_modality,
+                                                            args.seed), 1):
             rgb = decode_rgb(edit)
             size = (rgb.shape[1], rgb.shape[0])
-            for kind, change in variants(rgb, size, rng):
-                data = edit if change is None else encode_jpeg(drifted(rgb, change))
-                found = geometry.estimate_geometry(source, data)
-                kept = min(_timed(geometry.estimate_geometry, source, data) for _ in range(args.repeat))
-                cold = min(_timed(_cold, geometry, source, data) for _ in range(args.repeat))
+            for row, change, redrawn in variants(rgb, size, rng):
+                moved = rgb if change is None else drifted(rgb, change)
+                data = (rerendered(moved, size, rng) if redrawn else
+                        edit if change is None else encode_jpeg(moved))
+                found = estimate_geometry(source, data)
                 label = "aligned" if change is None else "drifted"
-                cost[("kept", label)].append(kept)
-                cost[("cold", label)].append(cold)
-                counts[(modality, kind)][0] += found is None or found.aligned is not True
-                counts[(modality, kind)][1] += 1
-                if change is not None and found is not None:
-                    errors[(modality, kind)].append((math.hypot(found.dx - change.dx, found.dy - change.dy),
-                                                     100 * abs(found.scale - math.sqrt(change.scale_x
-                                                                                       * change.scale_y))))
+                if not redrawn and len(cost[("kept", label)]) < args.timed * (4 if label == "drifted" else 1):
+                    cost[("kept", label)].append(min(_timed(estimate_geometry, source, data)
+                                                     for _ in range(args.repeat)))
+                    cost[("cold", label)].append(min(_timed(_cold, source, data) for _ in range(args.repeat)))
+                counts[(modality, row)][0] += found is None or not found.aligned
+                counts[(modality, row)][1] += 1
+                if found is None:
+                    continue
+                if change is None:
+                    errors[(modality, row)].append((found.shift_px, 100 * max(abs(found.scale_x - 1),
+                                                                             abs(found.scale_y - 1))))
+                else:
+                    errors[(modality, row)].append((math.hypot(found.dx - change.dx, found.dy - change.dy),
+                                                    100 * abs(found.scale - math.sqrt(change.scale_x
+                                                                                      * change.scale_y))))
             if n % 20 == 0:
                 print(f"  {n} edits ...", file=sys.stderr, flush=True)
     report(counts, errors, cost, args, time.perf_counter() - started)
+    if args.released:
+        released(args.released)
     return 0
 
 
@@ -140,31 +186,39 @@ def _timed(function, *arguments) -> float:
     return (time.thread_time() - start) * 1000
 
 
-def _cold(geometry, source: bytes, data: bytes):
-    geometry._SOURCES = geometry.SourceCache(64)  # the source decoded and prepared again: nothing kept
-    return geometry.estimate_geometry(source, data)
+def _cold(source: bytes, data: bytes):
+    from medbanana.generation.geometry import estimate_geometry
+    from medbanana.generation.registration import PreparedSource
+
+    return estimate_geometry(PreparedSource(source), data)  # the source decoded and prepared anew
 
 
 def report(counts: dict, errors: dict, cost: dict, args, seconds: float) -> None:
-    modalities = sorted({m for m, _ in counts})
+    from medbanana.generation.geometry import METHOD
+
     kinds = list(dict.fromkeys(k for _, k in counts))
-    print(f"# bench_geometry: {args.size} px, {args.normal} normal + {args.diseased} diseased sources per class, "
-          f"{args.edits} edit(s) per task, seed {args.seed}; {seconds:.0f} s")
-    print(f"tolerances: {geometry_method()}")
+    print(f"# bench_geometry: {args.size} px, {args.per_modality} edits per modality ({args.normal} normal + "
+          f"{args.diseased} diseased sources per class), seed {args.seed}; {seconds:.0f} s")
+    print(f"method: {METHOD}")
     print()
-    print("| modality | edits | rate | 95 % interval | median shift error px | median scale error % |")
-    print("|---|---|---|---|---|---|")
-    for modality in modalities:
+    print("| modality | edits | rate | 95 % interval | beside |")
+    print("|---|---|---|---|---|")
+    for modality in args.modalities:
         for kind in kinds:
             flagged, n = counts[(modality, kind)]
-            what = "false alarms" if kind == "aligned" else f"detected, {kind}"
             low, high = wilson(flagged, n)
             errs = errors.get((modality, kind)) or []
-            shift = f"{statistics.median(e[0] for e in errs):.2f}" if errs else "–"
-            scale = f"{statistics.median(e[1] for e in errs):.2f}" if errs else "–"
-            print(f"| {modality} | {n} | {what} {flagged / n:.1%} | {low:.1%}–{high:.1%} | {shift} | {scale} |")
+            if kind.startswith("aligned"):
+                what = f"false alarms, {kind}"
+                beside = (f"largest shift {max(e[0] for e in errs):.2f} px, largest scale change "
+                          f"{max(e[1] for e in errs):.2f} %" if errs else "–")
+            else:
+                what = f"detected, {kind}"
+                beside = (f"median error: shift {statistics.median(e[0] for e in errs):.2f} px, scale "
+                          f"{statistics.median(e[1] for e in errs):.2f} %" if errs else "–")
+            print(f"| {modality} | {n} | {what}: {flagged / n:.1%} | {low:.1%}–{high:.1%} | {beside} |")
     print()
-    print("| cost per pair (one thread) | pairs | median ms | 95th percentile ms |")
+    print("| cost per pair (one thread, CPU time) | pairs | median ms | 95th percentile ms |")
     print("|---|---|---|---|")
     for (how, label), values in sorted(cost.items()):
         values = sorted(values)
@@ -173,10 +227,36 @@ def report(counts: dict, errors: dict, cost: dict, args, seconds: float) -> None
               f"{values[int(0.95 * (len(values) - 1))]:.1f} |")
 
 
-def geometry_method() -> str:
-    from medbanana.generation.geometry import METHOD
+def released(root: Path) -> int:
+    """The released edits of each source in `root` (`{Modality}-{edit|remove}/{class}/{stem}-{Disease}-...`): the
+    first against each of up to three others."""
+    from medbanana.generation.geometry import estimate_geometry
 
-    return METHOD
+    groups: dict = defaultdict(list)
+    for path in sorted(Path(root).glob("*/*/*.jp*g")):
+        groups[(path.parts[-3], re.sub(r"-[^-]+-(edit|remove)$", "", path.stem))].append(path)
+    found: dict = defaultdict(list)  # folder -> [Geometry | None]
+    for (folder, _), paths in sorted(groups.items()):
+        for other in paths[1:4]:
+            found[folder].append(estimate_geometry(paths[0].read_bytes(), other.read_bytes()))
+    print()
+    print(f"# released edits of the same source compared with each other ({root})")
+    print()
+    print("| folder | pairs | not measurable | within tolerance | misaligned | median shift px | median zoom % | "
+          "largest shift px | largest per-axis scale change % |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for folder, results in sorted(found.items()):
+        measured = [g for g in results if g is not None]
+        if not measured:
+            print(f"| {folder} | {len(results)} | {len(results)} | – | – | – | – | – | – |")
+            continue
+        moved = [g for g in measured if not g.aligned]
+        axis = [100 * max(abs(g.scale_x - 1), abs(g.scale_y - 1)) for g in measured]
+        print(f"| {folder} | {len(results)} | {len(results) - len(measured)} | {len(measured) - len(moved)} | "
+              f"{len(moved)} | {statistics.median(g.shift_px for g in measured):.1f} | "
+              f"{statistics.median(100 * abs(g.scale - 1) for g in measured):.2f} | "
+              f"{max(g.shift_px for g in measured):.1f} | {max(axis):.1f} |")
+    return 0
 
 
 if __name__ == "__main__":

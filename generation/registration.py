@@ -21,7 +21,8 @@ FM_SIDE = 128  # px, the Fourier-Mellin stage's grid
 BLOCKS = 3  # per axis: 9 blocks of half the working size, overlapping by half
 PEAK_SIGMA = 1.0  # working px: the Gaussian the correlation peak is shaped into, for its sub-pixel fit
 MIN_PEAK = 0.12  # a block's normalised correlation peak below this says nothing
-MIN_BLOCKS = 5  # agreeing blocks needed to trust a fit
+MIN_BLOCKS = 6  # agreeing blocks needed to trust a fit (of 9, for its 6 parameters)
+MIN_MATCH = 0.25  # a fit whose agreeing blocks peak lower than this on average is chance: nothing matches
 GOOD_MATCH = 0.6  # a fit whose agreeing blocks peak this high on average needs no Fourier-Mellin start...
 MODEST_TURN, MODEST_ZOOM = 3.0, 0.1  # ... when it turns less than this (degrees) and zooms less than this
 REFINE_STEPS = 4  # fits on the edit warped back so far, at most
@@ -309,7 +310,7 @@ def fit_pair(source: PreparedSource, edited: bytes | np.ndarray) -> tuple[Fit | 
             fit, how = _candidate(source, _mirrored(edit, mirror))
             if fit is not None and fit.score > 1.5 * (best.score if best else 0.0):
                 best, stage, flip = fit, how, mirror
-    if best is None:
+    if best is None or best.match < MIN_MATCH:
         return None, edit_size
     width, height = source.size
     mirror = MIRRORS[flip]  # the fit is of the mirrored edit: A = F A', t = F t'

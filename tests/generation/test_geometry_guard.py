@@ -196,3 +196,25 @@ def test_released_samples_without_sources_get_null_alignment_said_so(tmp_path):
     assert rows and all(row["aligned"] is None for row in rows)
     assert "they are null: the runs recorded no measurement, and one needs the source image" in (
         built / "README.md").read_text()
+
+
+def test_merge_carries_the_originals_and_opening_drops_those_no_round_names(sources, fake, tmp_path):
+    shards = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, shard in enumerate(shards):
+        generate(sources, shard, fake, "--simulator-drift", "1", "--shard", f"{i}/2")
+    merged = tmp_path / "merged"
+    done = subprocess.run([sys.executable, "-m", "medbanana", "merge", *map(str, shards), "--out", str(merged)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    registered = [r["image"] for _, r in rounds(merged) if r["geometry"]["action"] == "registered"]
+    assert registered
+    for image in registered:
+        shard = next(s for s in shards if (s / image).exists())
+        assert (merged / layout.original_relpath(image)).read_bytes() == (
+            shard / layout.original_relpath(image)).read_bytes()
+    stray = merged / layout.ORIGINALS / "X-edit-failed" / "Pneumothorax" / "x-Pneumothorax-edit-failed-1.jpeg"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"left by a killed write")
+    generate(sources, merged, fake, "--simulator-drift", "1")  # nothing left to run: it opens and closes the run
+    assert not stray.exists()
+    assert all((merged / layout.original_relpath(image)).is_file() for image in registered)
