@@ -41,7 +41,7 @@ SHIFT_TOLERANCE = 1.0  # px at 1024
 SCALE_TOLERANCE = 0.01  # per axis
 ROTATION_TOLERANCE = 0.5  # degrees
 REGISTRABLE = {"shift": 0.08, "scale": 0.15, "rotation": 8.0}  # of the longest side / per axis / degrees
-MIN_SIDE = 32  # px: smaller images are not measured
+MIN_SIDE = 64  # px: smaller images are not measured (their blocks are too small to tell a match from chance)
 METHOD = (f"grey at {WORK_SIDE} px; phase correlation of {BLOCKS}x{BLOCKS} half-size blocks, robust affine fit; "
           f"Fourier-Mellin (log-polar magnitude spectra at {FM_SIDE} px) when the blocks disagree; tolerances at "
           f"{REFERENCE_SIDE} px: {SHIFT_TOLERANCE:g} px, {SCALE_TOLERANCE:.0%} per axis, {ROTATION_TOLERANCE:g} deg")

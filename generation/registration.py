@@ -22,7 +22,9 @@ BLOCKS = 3  # per axis: 9 blocks of half the working size, overlapping by half
 PEAK_SIGMA = 1.0  # working px: the Gaussian the correlation peak is shaped into, for its sub-pixel fit
 MIN_PEAK = 0.12  # a block's normalised correlation peak below this says nothing
 MIN_BLOCKS = 6  # agreeing blocks needed to trust a fit (of 9, for its 6 parameters)
-MIN_MATCH = 0.25  # a fit whose agreeing blocks peak lower than this on average is chance: nothing matches
+MIN_MATCH = 0.25  # a fit whose agreeing blocks peak lower than this on average is chance: nothing matches; on
+# small blocks chance peaks higher (unrelated images: about 0.23 on 32-px blocks, 0.14 on 64-px ones), so the bar
+# there is `chance_bar`
 GOOD_MATCH = 0.6  # a fit whose agreeing blocks peak this high on average needs no Fourier-Mellin start...
 MODEST_TURN, MODEST_ZOOM = 3.0, 0.1  # ... when it turns less than this (degrees) and zooms less than this
 REFINE_STEPS = 4  # fits on the edit warped back so far, at most
@@ -291,6 +293,12 @@ class Fit:
     stage: str
 
 
+def chance_bar(block: int) -> float:
+    """The lowest `match` a fit on blocks of `block` px must reach to count: MIN_MATCH, higher on small blocks, where
+    unrelated images already peak near 0.23 (32 px) by chance."""
+    return max(MIN_MATCH, 0.45 * (32 / block) ** 0.7)
+
+
 def prepare_source(data: bytes | np.ndarray, key: str = "") -> PreparedSource:
     """A source's working image and block spectra, kept by `key` (default: its bytes' SHA-256; an array is not kept)
     for the next edit of the same source."""
@@ -310,7 +318,7 @@ def fit_pair(source: PreparedSource, edited: bytes | np.ndarray) -> tuple[Fit | 
             fit, how = _candidate(source, _mirrored(edit, mirror))
             if fit is not None and fit.score > 1.5 * (best.score if best else 0.0):
                 best, stage, flip = fit, how, mirror
-    if best is None or best.match < MIN_MATCH:
+    if best is None or best.match < chance_bar(source.blocks.side):
         return None, edit_size
     width, height = source.size
     mirror = MIRRORS[flip]  # the fit is of the mirrored edit: A = F A', t = F t'
