@@ -4,6 +4,8 @@ how often it calls an aligned edit misaligned, and what it costs per pair.
     python bench/bench_geometry.py                                  # 60 edits per modality at 1024 px
     python bench/bench_geometry.py --modalities brain_mri --per-modality 150 --seed 2
     python bench/bench_geometry.py --released ../shared/samples --released-only
+    python bench/bench_geometry.py --modalities fundus --seed 8 --save /tmp/fundus-8.json   # a part of a run ...
+    python bench/bench_geometry.py --pool /tmp/*-[0-9].json                                # ... and parts pooled
 
 1. Edits: the offline demo's sources (chest X-ray and brain MRI phantoms, fundus photographs) at --size px, --normal
    normal and --diseased diseased sources per class; --per-modality tasks per modality (add and remove, cycled over
@@ -23,6 +25,8 @@ how often it calls an aligned edit misaligned, and what it costs per pair.
    processes on the machine do not count), median and 95th percentile over the first --timed pairs of each kind:
    with the source's working image kept (a run: a task's rounds and a source's tasks share it) and cold (both images
    decoded), for aligned and drifted edits.
+   --save FILE keeps a run's counts, errors and costs as JSON; --pool FILE... prints the tables of several such runs
+   together (runs of other seeds or modalities: a long measurement split into parts a machine can run in turn).
 5. With --released DIR (the released sample edits, e.g. ../shared/samples): the released edits of one source,
    compared with each other (the sources are not released): how often two edits of the same source disagree by
    more than the tolerances (each pair's difference is both edits' drift composed), and by how much.
@@ -31,6 +35,7 @@ how often it calls an aligned edit misaligned, and what it costs per pair.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -127,9 +132,13 @@ def main(argv=None) -> int:
     parser.add_argument("--released", type=Path, metavar="DIR",
                         help="also compare the released edits of each source in DIR (e.g. ../shared/samples)")
     parser.add_argument("--released-only", action="store_true", help="only the --released comparison")
+    parser.add_argument("--save", type=Path, metavar="FILE", help="also keep this run's figures as JSON")
+    parser.add_argument("--pool", type=Path, nargs="+", metavar="FILE", help="print the figures of saved runs pooled")
     args = parser.parse_args(argv)
     if args.released_only:
         return released(args.released)
+    if args.pool:
+        return pooled(args.pool)
 
     import numpy as np
 
@@ -173,7 +182,15 @@ def main(argv=None) -> int:
                                                                                       * change.scale_y))))
             if n % 20 == 0:
                 print(f"  {n} edits ...", file=sys.stderr, flush=True)
-    report(counts, errors, cost, args, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    title = (f"{args.size} px, {args.per_modality} edits per modality ({args.normal} normal + {args.diseased} "
+             f"diseased sources per class), seed {args.seed}; {seconds:.0f} s")
+    if args.save:
+        args.save.write_text(json.dumps({"title": title, "modalities": args.modalities,
+                                         "counts": [[*k, *v] for k, v in counts.items()],
+                                         "errors": [[*k, v] for k, v in errors.items()],
+                                         "cost": [[*k, v] for k, v in cost.items()]}))
+    report(counts, errors, cost, args.modalities, [title])
     if args.released:
         released(args.released)
     return 0
@@ -193,17 +210,39 @@ def _cold(source: bytes, data: bytes):
     return estimate_geometry(PreparedSource(source), data)  # the source decoded and prepared anew
 
 
-def report(counts: dict, errors: dict, cost: dict, args, seconds: float) -> None:
+def pooled(files: list[Path]) -> int:
+    """The tables of several --save runs, their counts, errors and costs added up."""
+    counts: dict = defaultdict(lambda: [0, 0])
+    errors: dict = defaultdict(list)
+    cost: dict = defaultdict(list)
+    titles, modalities = [], []
+    for file in files:
+        saved = json.loads(Path(file).read_text())
+        titles.append(f"{file.name}: {saved['title']}")
+        modalities += [m for m in saved["modalities"] if m not in modalities]
+        for modality, kind, flagged, n in saved["counts"]:
+            counts[(modality, kind)][0] += flagged
+            counts[(modality, kind)][1] += n
+        for modality, kind, values in saved["errors"]:
+            errors[(modality, kind)] += [tuple(v) for v in values]
+        for how, label, values in saved["cost"]:
+            cost[(how, label)] += values
+    report(counts, errors, cost, [m for m in MODALITIES if m in modalities], titles)
+    return 0
+
+
+def report(counts: dict, errors: dict, cost: dict, modalities: list[str], titles: list[str]) -> None:
     from medbanana.generation.geometry import METHOD
 
     kinds = list(dict.fromkeys(k for _, k in counts))
-    print(f"# bench_geometry: {args.size} px, {args.per_modality} edits per modality ({args.normal} normal + "
-          f"{args.diseased} diseased sources per class), seed {args.seed}; {seconds:.0f} s")
-    print(f"method: {METHOD}")
+    print("# bench_geometry" + ("" if len(titles) == 1 else f", {len(titles)} runs pooled"))
+    for title in titles:
+        print(f"- {title}")
+    print(f"- method: {METHOD}")
     print()
     print("| modality | edits | rate | 95 % interval | beside |")
     print("|---|---|---|---|---|")
-    for modality in args.modalities:
+    for modality in modalities:
         for kind in kinds:
             flagged, n = counts[(modality, kind)]
             low, high = wilson(flagged, n)

@@ -82,10 +82,13 @@ def _image(images: Images, attempt: AttemptRecord) -> dict | None:
 
 
 def mask_columns(masks: TaskMasks | None, attempt: AttemptRecord) -> dict:
-    """`edit_mask` and `region_mask` of an attempt (generation/masks.py); null without the task's source."""
+    """`edit_mask` and `region_mask` of an attempt (generation/masks.py); null without the task's source. An edit
+    the geometry guard rejected because its frame moved has no edit mask: one would outline the moved anatomy."""
     if masks is None:
         return {"edit_mask": None, "region_mask": None}
-    return {"edit_mask": masks.edits.get(attempt.image) if attempt.image else None, "region_mask": masks.region}
+    rejected = attempt.geometry is not None and attempt.geometry.action == "rejected"
+    return {"edit_mask": masks.edits.get(attempt.image) if attempt.image and not rejected else None,
+            "region_mask": masks.region}
 
 
 def sft_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskMasks | None = None) -> Iterator[dict]:

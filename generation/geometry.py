@@ -19,11 +19,14 @@ shows as sx != sy).
    (skimage.transform.warp_polar), phase-correlated (skimage.registration.phase_cross_correlation) give rotation
    (modulo 180 degrees: both are tried) and scale; a global phase correlation gives the coarse translation; the
    edit is warped back by that and step 2 refines. A flipped edit is tried when nothing explains the pair.
-The fit with the higher block agreement wins; `match` says how well it explains the pair (0-1).
+The fit with the higher block agreement wins; `match` says how well it explains the pair (0-1). A pair whose best
+fit does not beat chance (registration.chance_bar: a blank or unrelated image) is not measured (None).
 
 Tolerances are stated at 1024 px (the longest side) and scale with the image: SHIFT_TOLERANCE px of translation,
-SCALE_TOLERANCE per axis, ROTATION_TOLERANCE degrees, no flip. Past the REGISTRABLE limits an edit is not warped
-back (too much of the frame would be made up), and `--geometry register` rejects it instead.
+SCALE_TOLERANCE per axis, ROTATION_TOLERANCE degrees, no flip. The guard (`check_edit`, generate's `--geometry`
+GEOMETRY_MODES) keeps an aligned edit, and rejects, registers (`registered`: warped back onto the source's grid)
+or records one that moved; past the REGISTRABLE limits an edit is not warped back (too much of the frame would be
+missing), and `register` rejects it instead.
 """
 
 from __future__ import annotations

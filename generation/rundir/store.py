@@ -236,7 +236,7 @@ class RunStore:
             layout.inside(self.run_dir, relpath, named_by="the run's layout")  # a link made since opening: refused
         # the companions first: a kill before the image's journal line leaves companions that opening removes
         mask_files.write(self.run_dir, attempt.image_relpath,
-                         mask_files.compute(task, image.data) if masks is None else masks)
+                         mask_files.compute(task, image.data, attempt.frame_rejected) if masks is None else masks)
         originals.write(self.run_dir, attempt.image_relpath,
                         None if image.original is None else self._marked(task, attempt, image.original, original=True))
         atomic_write_bytes(self.run_dir / attempt.image_relpath, self._marked(task, attempt, image.data))

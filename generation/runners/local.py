@@ -94,7 +94,7 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
             # in a worker thread, while the event loop keeps the calls in flight moving. The journal line follows
             # the image, here.
             if image is not None:
-                made = await masks.compute(task, image.data)
+                made = await masks.compute(task, image.data, attempt.frame_rejected)
                 await asyncio.to_thread(store.write_image, task, attempt, image, made)
             store.journal_attempt(task, attempt)
 

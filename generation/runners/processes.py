@@ -179,7 +179,8 @@ def round_done(task: Task, attempt: Attempt, image: EditedImage | None) -> Round
     """A round's message, with its image's masks made here (in the worker)."""
     if image is None:
         return RoundDone(task.uid, attempt, None)
-    return RoundDone(task.uid, attempt, image.data, mask_files.compute(task, image.data), image.original)
+    return RoundDone(task.uid, attempt, image.data, mask_files.compute(task, image.data, attempt.frame_rejected),
+                     image.original)
 
 
 def _send_all(outbox: queue.SimpleQueue, results: Connection) -> None:

@@ -107,6 +107,8 @@ def test_reject_fails_the_attempt_before_the_judge_and_the_writer_is_told(source
         assert verdict["model"] == GUARD_MODEL and verdict["qualified"] is False and not r["accepted"]
         assert verdict["has_disease"] is None and verdict["fidelity_preserved"] is False  # not judged: null
         assert "the frame moved" in verdict["reason"]
+        edit_mask, region_mask = (out / relpath for relpath in layout.mask_relpaths(r["image"]))
+        assert not edit_mask.exists() and region_mask.is_file()  # no mask outlines the moved anatomy
         if r["round"] == 2:  # refined like any failure, from the reason
             assert "Rejected before judging: the frame moved" in r["generate_prompt"]["thinking_summary"]
     stats = json.loads((out / layout.STATS).read_text())
@@ -218,3 +220,23 @@ def test_merge_carries_the_originals_and_opening_drops_those_no_round_names(sour
     generate(sources, merged, fake, "--simulator-drift", "1")  # nothing left to run: it opens and closes the run
     assert not stray.exists()
     assert all((merged / layout.original_relpath(image)).is_file() for image in registered)
+
+
+def test_the_drift_is_the_simulators_and_a_retry_takes_the_recorded_guard(sources, tmp_path):
+    import argparse
+
+    from medbanana.generation.commands.run_options import RUN_DEFAULTS, take_recorded_options
+
+    refused = subprocess.run([sys.executable, "-m", "medbanana", "generate", "--sources", str(sources), "--out",
+                              str(tmp_path / "run"), "--editor", "diffusers", "--editor-model", str(tmp_path),
+                              "--simulator-drift", "0.2"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--simulator-drift is the offline simulator's editor option" in refused.stderr
+    assert not (tmp_path / "run").exists()
+    recorded = {"geometry": "reject", "backends": {role: {"backend": "simulator", "model": "m"}
+                                                   for role in ("writer", "editor", "judge")}}
+    recorded["backends"]["editor"]["drift"] = 0.4
+    args = argparse.Namespace(**dict.fromkeys(RUN_DEFAULTS), backend=None, writer=None, editor=None, judge=None,
+                              simulator_drift=None, writer_model=None, editor_model=None, judge_model=None,
+                              openai_model=None, vertex=False, vertex_project=None, vertex_location=None)
+    take_recorded_options(args, recorded)
+    assert args.geometry == "reject" and args.simulator_drift == 0.4
