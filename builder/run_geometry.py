@@ -77,10 +77,12 @@ def alignment_note(counts: Counter, sources: dict | None) -> str:
         told.append(f"{missing:,} are null (no record, and no source image to measure)")
     moved = {"registered": counts[(RECORDED, "registered")], "rejected": counts[(RECORDED, "rejected")],
              "kept": counts[(RECORDED, "recorded")] + counts[(COMPUTED, "misaligned")]}
+    words = {"registered": "warped back onto the source's grid by the run (their rows hold the registered image, "
+                           "`aligned` true; the editor's own image stays in the run's medbanana-originals/)",
+             "rejected": "rejected before the judge (`failed` rows only, with the guard's verdict)",
+             "kept": "kept as they came (`aligned` false)"}
+    parts = [f"{n:,} {words[k]}" for k, n in moved.items() if n]
     unmeasured = counts[(RECORDED, "unmeasured")] + counts[(COMPUTED, "unmeasured")]
     return (f"Of the attempt images, {'; '.join(told)}. **Misaligned attempts** (the frame moved beyond the "
-            f"tolerances): {sum(moved.values()):,}: {moved['registered']:,} warped back onto the source's grid by the "
-            f"run (their rows hold the registered image, `aligned` true; the editor's own image stays in the run's "
-            f"medbanana-originals/), {moved['rejected']:,} rejected before the judge (`failed` rows only, with the "
-            f"guard's verdict), {moved['kept']:,} kept as they came (`aligned` false)"
+            f"tolerances): {sum(moved.values()):,}" + (f": {', '.join(parts)}" if parts else "")
             + (f"; {unmeasured:,} could not be measured (null)" if unmeasured else "") + ".")

@@ -90,14 +90,19 @@ class _Blocks:
 
     def spectra(self, grey: np.ndarray) -> np.ndarray:
         stack = np.stack([grey[y:y + self.side, x:x + self.side] for y, x in self.corners])
-        stack = stack - stack.mean(axis=(1, 2), keepdims=True)
-        return fft.rfft2(stack * self.window, workers=1)
+        stack -= stack.mean(axis=(1, 2), keepdims=True)
+        stack *= self.window
+        return fft.rfft2(stack, workers=1)
 
     def shifts(self, reference: np.ndarray, moving: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each block's displacement (x, y) of `moving` relative to the reference's spectra, and its peak (0-1)."""
         cross = reference * np.conj(self.spectra(moving))
-        cross /= np.abs(cross) + 1e-6
-        surface = fft.irfft2(cross * self.shaping, s=(self.side, self.side), workers=1)
+        weight = np.abs(cross)  # whitened (a real reciprocal times the complex: cheaper than a complex division)
+        weight += 1e-6
+        np.reciprocal(weight, out=weight)
+        weight *= self.shaping
+        cross *= weight
+        surface = fft.irfft2(cross, s=(self.side, self.side), workers=1)
         k, n = len(self.corners), self.side
         flat = surface.reshape(k, -1).argmax(axis=1)
         py, px = np.divmod(flat, n)
