@@ -10,9 +10,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .generation.commands.generate import add_run_options, whole_number
+from .generation.commands.options import whole_number
+from .generation.commands.run_options import add_run_options
 from .generation.destinations import MANIFEST, SYNTHETIC, manifest_row
 from .generation.files import atomic_write_bytes, atomic_write_json
+from .generation.records import DEFAULT_GEOMETRY
 from .generation.rundir import layout
 
 if TYPE_CHECKING:
@@ -23,9 +25,10 @@ MIN_SIZE = 64  # the phantoms' anatomy and lesions are drawn in proportion; belo
 
 def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: int = 2, seed: int = 0,
              size: int = 1024, quiet: bool = False, build_dataset: bool = True, max_rounds: int = 5,
-             accept: str = "qualified") -> RunSummary:
+             accept: str = "qualified", geometry: str = DEFAULT_GEOMETRY, drift: float = 0.0) -> RunSummary:
     """Synthesise sources for all three modalities (no download, no key), generate with the simulator, and build
     the Hugging Face dataset folder OUT/dataset (sources attached: they are synthetic, so redistributable).
+    `geometry` is the geometry guard's mode, `drift` the share of the simulated editor's edits whose frame moves.
 
     Rerunning on the same OUT resumes; other source options (--normal, --diseased, --size) than the folder was made
     with are refused (ValueError), since its sources are kept and the run would silently be the old one."""
@@ -49,8 +52,9 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
         atomic_write_bytes(sources / MANIFEST, "".join(
             manifest_row(r["dataset"], r["path"], SYNTHETIC, label=r.get("label")) for r in rows).encode("utf-8"))
     summary = generate(sources, run_dir, backend="simulator",
+                       backend_options={"editor": {"drift": drift}} if drift else None,
                        options=RunOptions(concurrency=concurrency, seed=seed, quiet=quiet, max_rounds=max_rounds,
-                                          accept=accept),
+                                          accept=accept, geometry=geometry),
                        extra_config={"demo": demo})
     run_manifest = run_dir / layout.SOURCES_MANIFEST
     if not run_manifest.exists():
@@ -101,7 +105,8 @@ def cmd_demo(args) -> int:
         return 2
     summary = run_demo(args.out, n_normal=args.normal, n_diseased=args.diseased, concurrency=args.concurrency,
                        seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build,
-                       max_rounds=args.max_rounds, accept=args.accept)
+                       max_rounds=args.max_rounds, accept=args.accept, geometry=args.geometry,
+                       drift=args.simulator_drift or 0.0)
     print(summary.format())
     print(f"sources (synthetic phantoms and skimage's retina photograph): {Path(args.out) / 'sources'}")
     return 0

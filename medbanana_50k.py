@@ -21,6 +21,7 @@ from pathlib import Path
 import datasets
 
 from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
+from .builder.run_geometry import fill_geometry
 from .builder.run_masks import MaskFolders, Rejections, row_masks
 from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
 from .builder.runs import discover_units, read_tasks
@@ -69,6 +70,8 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
                                                  task.source_path, task.source_sha256)
                 masks = (row_masks(task, images, source, confined, folders, rejections=rejections)
                          if config in MASK_CONFIGS else None)
+                if config in MASK_CONFIGS:
+                    fill_geometry(task, images, source)
                 for row in ROW_ITERATORS[config](task, images, source, masks):
                     yield row_key(config, row), row
         if rejections.items:  # what `build` lists in medbanana-build.json

@@ -22,6 +22,7 @@ from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from ..generation.rundir.schema import STATUSES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from ..generation.masks import MASK_METHOD, RECOMPUTE
+from .run_geometry import alignment_note
 from .run_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
 from .output import BUILD_INFO
 from .cost_note import cost_json, cost_note
@@ -120,6 +121,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
         "empty_note": _empty_note(configs, present, splits),
         "source_note": _source_note(sources),
         "mask_note": mask_note(stats.mask_origins, sources),
+        "alignment_note": alignment_note(stats.alignment, sources),
         "split_note": (f"Splits: `test` holds about {test_fraction:.0%} of the source images, chosen by a hash of "
                        "the source id, so that no source image is in both splits." if test_fraction > 0 else
                        "Splits: everything is in `train`."),

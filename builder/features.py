@@ -53,6 +53,15 @@ MASKS = {
     "region_mask": Image(),  # PNG (L, 0/255) at the source's size: the target's anatomical region on the source
 }
 
+# measured, not annotated (generation/geometry.py: METHOD): by the run's geometry guard when it made each edit, else
+# by the build from the source; null when neither (builder/run_geometry.py). At the source's resolution.
+ALIGNMENT = {
+    "aligned": Value("bool"),  # the row's edited image lies on its source's grid (true for an edit warped back)
+    "shift_px": Value("float32"),  # how far the editor moved the frame's centre, px
+    "scale": Value("float32"),  # the editor's zoom (geometric mean of the per-axis scales; 1 = none)
+    "rotation_deg": Value("float32"),  # the editor's turn, degrees (positive: clockwise as seen)
+}
+
 CONFIG_FEATURES: dict[str, Features] = {
     "sft": Features({
         **IDENTITY,
@@ -60,6 +69,7 @@ CONFIG_FEATURES: dict[str, Features] = {
         "source_image": Image(),
         "edited_image": Image(),
         **MASKS,
+        **ALIGNMENT,
         "success_round": Value("int32"),
         **VERDICT,
     }),
@@ -70,6 +80,7 @@ CONFIG_FEATURES: dict[str, Features] = {
         "source_image": Image(),
         "edited_image": Image(),  # null when the editor produced no image (edit_error says why)
         **MASKS,
+        **ALIGNMENT,
         "edit_error": Value("string"),
         **VERDICT,
         "task_status": Value("string"),  # outcome of the whole task: success | failed | api_failed
@@ -112,6 +123,7 @@ CONFIG_FEATURES: dict[str, Features] = {
         "source_image": Image(),
         "edited_image": Image(),
         **MASKS,
+        **ALIGNMENT,
         "accepted": Value("bool"),
         **VERDICT,
         "judge_thinking": Value("string"),
@@ -143,7 +155,7 @@ CONFIG_DESCRIPTIONS = {
     "conversations": "One row per task with every round (instructions, verdicts, thinking summaries, image paths) "
                      "and the outcome; no image bytes.",
     "judge": "One row per judged attempt, accepted or not: source, edit, instruction and the verdict as labels, "
-             "for training a verifier.",
+             "for training a verifier (an edit the geometry guard rejected before the judge is in `failed` only).",
     REVIEW_CONFIG: "One row per expert answer of a blind review (`medbanana review`): the rubric's answers for an "
                    "edit (join with `judge` on uid and round), or a real-or-edited guess; raters pseudonymised.",
 }

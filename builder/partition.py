@@ -18,6 +18,7 @@ from ..generation.acceptance import AcceptanceRule
 from .acceptance import note_judged, redecide
 from .parquet import ConfigSchema, ShardedParquetWriter
 from .rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, split_of
+from .run_geometry import fill_geometry
 from .run_masks import MaskFolders, Rejections, row_masks
 from .runs import Unit, read_tasks
 from .safety import Confined, Refused
@@ -105,11 +106,12 @@ def _decided(tasks: list, rule: AcceptanceRule | None) -> list:
 
 def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None,
                   confined: tuple[Confined, MaskFolders], skip: bool, with_masks: bool):
-    """(task, its images, its source image, its masks, where its edit masks came from) in order, reading (and with
-    `with_masks` reading or computing the masks of) the next _READ_AHEAD tasks in threads meanwhile: with a cold
+    """(task, its images, its source image, its masks, where its edit masks came from, the stored masks rejected on
+    read (run_masks.Rejections), where its alignment came from) in order, reading (and with `with_masks` reading or
+    computing the masks and measuring the alignment of) the next _READ_AHEAD tasks in threads meanwhile: with a cold
     cache one read at a time leaves the disk idle between files (reads, and numpy and scipy's work on the masks,
-    release the GIL), and the stored masks rejected on read (run_masks.Rejections). With `skip`, a task whose input
-    is refused comes as (task, the Refused, None, None, None, None)."""
+    release the GIL). With `skip`, a task whose input is refused comes as (task, the Refused, None, None, None, None,
+    None)."""
     confined, folders = confined
 
     def read(task):
@@ -122,11 +124,12 @@ def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex
             origins: Counter = Counter()
             rejections = Rejections()
             masks = row_masks(task, images, source, confined, folders, origins, rejections) if with_masks else None
+            alignment = fill_geometry(task, images, source) if with_masks else Counter()
         except Refused as exc:
             if not skip:
                 raise
-            return exc, None, None, None, None
-        return images, source, masks, origins, rejections
+            return exc, None, None, None, None, None
+        return images, source, masks, origins, rejections, alignment
 
     window: deque = deque()
     upcoming = iter(tasks)
@@ -146,8 +149,8 @@ def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildS
     with_images = bool(IMAGE_CONFIGS & set(spec.configs))
     loaded = (_inputs_ahead(tasks, readers, sources, confined, spec.unsafe == "skip",
                             bool(MASK_CONFIGS & set(spec.configs))) if with_images
-              else ((task, {}, None, None, None, None) for task in tasks))
-    for done, (task, images, source, masks, origins, rejections) in enumerate(loaded, 1):
+              else ((task, {}, None, None, None, None, None) for task in tasks))
+    for done, (task, images, source, masks, origins, rejections, alignment) in enumerate(loaded, 1):
         if isinstance(images, Refused):  # policy skip: the task gives no row in any config
             stats.add_refusal(images)
             continue
@@ -155,6 +158,8 @@ def _write_unit(tasks, spec: PartitionSpec, writers: ShardWriters, stats: BuildS
         stats.add_task(task, images, None if sources is None or not with_images else source is not None)
         if origins:
             stats.add_mask_origins(origins, rejections)
+        if alignment:
+            stats.alignment.update(alignment)
         if task.uid in spec.review_uids:
             stats.reviewed_tasks.add(task.uid)
         if spec.labelled:

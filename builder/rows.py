@@ -2,7 +2,8 @@
 
 Both the parquet build (`builder.build`) and the loading builder (`medbanana_50k.py`) call `ROW_ITERATORS`.
 Images are `{"bytes": <the file's bytes as they are>, "path": <path relative to the run>}` or None (missing);
-masks (`edit_mask`, `region_mask`) come computed per task (`masks.task_masks`), or None without a source.
+masks (`edit_mask`, `region_mask`) come computed per task (`masks.task_masks`), or None without a source; the
+alignment columns from each attempt's geometry (run_geometry.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..generation.records import verdict_values
 from ..generation.taxonomy import load_taxonomy
+from .run_geometry import alignment_columns
 from .runs import AttemptRecord, TaskRecord
 from .safety import Confined
 
@@ -76,10 +78,13 @@ def _image(images: Images, attempt: AttemptRecord) -> dict | None:
 
 
 def mask_columns(masks: TaskMasks | None, attempt: AttemptRecord) -> dict:
-    """`edit_mask` and `region_mask` of an attempt (generation/masks.py); null without the task's source."""
+    """`edit_mask` and `region_mask` of an attempt (generation/masks.py); null without the task's source. An edit
+    the geometry guard rejected because its frame moved has no edit mask: one would outline the moved anatomy."""
     if masks is None:
         return {"edit_mask": None, "region_mask": None}
-    return {"edit_mask": masks.edits.get(attempt.image) if attempt.image else None, "region_mask": masks.region}
+    rejected = attempt.geometry is not None and attempt.geometry.action == "rejected"
+    return {"edit_mask": masks.edits.get(attempt.image) if attempt.image and not rejected else None,
+            "region_mask": masks.region}
 
 
 def sft_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskMasks | None = None) -> Iterator[dict]:
@@ -88,7 +93,7 @@ def sft_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskM
         return
     yield {**identity(task), "instruction": accepted.instruction, "source_image": source,
            "edited_image": _image(images, accepted), **mask_columns(masks, accepted),
-           "success_round": task.success_round, **verdict_columns(accepted)}
+           **alignment_columns(accepted), "success_round": task.success_round, **verdict_columns(accepted)}
 
 
 def failed_rows(task: TaskRecord, images: Images, source: dict | None,
@@ -100,7 +105,8 @@ def failed_rows(task: TaskRecord, images: Images, source: dict | None,
         if not attempt.accepted and (last is None or attempt.round is None or attempt.round < last):
             yield {**identity(task), "round": attempt.round, "instruction": attempt.instruction,
                    "source_image": source, "edited_image": _image(images, attempt), **mask_columns(masks, attempt),
-                   "edit_error": attempt.edit_error, **verdict_columns(attempt), "task_status": task.status,
+                   **alignment_columns(attempt), "edit_error": attempt.edit_error, **verdict_columns(attempt),
+                   "task_status": task.status,
                    "success_round": task.success_round}
 
 
@@ -142,11 +148,12 @@ def conversation_rows(task: TaskRecord, images: Images, source: dict | None,
 
 
 def judge_rows(task: TaskRecord, images: Images, source: dict | None, masks: TaskMasks | None = None) -> Iterator[dict]:
+    """Every attempt a judge judged: not an edit the geometry guard rejected before the judge saw it."""
     for attempt in task.attempts:
-        if attempt.verdict is not None:
+        if attempt.verdict is not None and (attempt.geometry is None or attempt.geometry.action != "rejected"):
             yield {**identity(task), "round": attempt.round, "instruction": attempt.instruction,
                    "source_image": source, "edited_image": _image(images, attempt), **mask_columns(masks, attempt),
-                   "accepted": attempt.accepted,
+                   **alignment_columns(attempt), "accepted": attempt.accepted,
                    **verdict_columns(attempt), "judge_thinking": attempt.judge_thinking,
                    "judge_model": attempt.judge_model}
 

@@ -115,7 +115,8 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
             verdict=verification,
             judge_thinking_json=verification.thinking_summary if verification else None,
             judge_model=verification.model if verification else None, accepted=accepted, image=image,
-            seconds=seconds, usage_json=raw.usage))
+            seconds=seconds, usage_json=raw.usage,
+            geometry=schema.geometry_of(raw.geometry) if image else None))
     task.final_prompt = entry.final_prompt
     if entry.final_image:  # recorded in the conversations rows, so held to the same rule as the images read
         confined.check(unit.run_dir, entry.final_image, lambda: f"{task.origin}, field 'final_image'", scope)

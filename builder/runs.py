@@ -57,6 +57,7 @@ class AttemptRecord(msgspec.Struct, gc=False):
     image: str | None = None  # path relative to the run directory; None when no image was produced
     seconds: float | None = None
     usage_json: msgspec.Raw | None = None  # tokens per role (ours), decoded only to count them (stats.py)
+    geometry: schema.GeometryRecord | None = None  # the geometry guard's record, or measured by the build
 
     @property
     def writer_thinking(self) -> str | None:

@@ -63,6 +63,7 @@ class BuildStats:
     # and REJECTED / REGION_REJECTED: stored masks refused on read (then computed or missing), by kind and listed
     mask_rejections: Counter = field(default_factory=Counter)
     mask_rejection_examples: list = field(default_factory=list)
+    alignment: Counter = field(default_factory=Counter)  # (run_geometry origin, what was found) -> attempt images
     # inputs refused and left out under `--unsafe skip` (under `error` the first one stops the build)
     refused: Counter = field(default_factory=Counter)  # kind (safety.OUTSIDE, ...) -> refusals
     refusals: list = field(default_factory=list)  # every refusal's message: the file, who named it, why
@@ -251,6 +252,8 @@ class BuildStats:
             "rejected_masks": {"count": sum(self.mask_rejections.values()),
                                "by_reason": dict(sorted(self.mask_rejections.items())),
                                "examples": self.mask_rejection_examples},
+            "alignment": {f"{origin}:{found}" if found else origin: n
+                          for (origin, found), n in sorted(self.alignment.items())},
             "refused": {"count": len(self.refusals), "tasks_left_out": self.refused_tasks,
                         "by_reason": dict(sorted(self.refused.items())), "items": sorted(self.refusals)},
             "coerced": self.coerced(),

@@ -36,6 +36,7 @@ from PIL import Image
 
 from ..builder.tables import Table, mean
 from ..generation.files import atomic_write_text, open_append, read_jsonl
+from ..generation.geometry import estimate_geometry, registered
 from ..generation.mask_check import MAX_MASK_PIXELS, header_size, read_checked_mask
 from ..generation.masks import edit_mask_array, region_array
 from .failures import eval_reasons
@@ -150,14 +151,46 @@ def _pixels(sample: Sample, source_data: bytes, edited_data: bytes, options: Eva
     # MedEBench's numbers need MedEBench's decoding (16-bit clipped); ours keeps a 16-bit image's contrast
     decode = decode_medebench if options.cp_mode == "medebench" else read_image
     source, edited = decode(source_data), decode(edited_data)
-    mask, roi, mask_read, _ = roi_mask(sample, source, options.roi)
+    resized = edited.shape != source.shape
+    edited, alignment = registered_pair(source, edited, register=options.cp_mode == "correct")
+    mask, roi, mask_read, _ = roi_mask(sample, source, options.roi, edited if alignment.get("registered") else None)
     truth = decode(image_bytes(sample.ground_truth)) if sample.ground_truth is not None else None
     metrics = pixel_metrics(source, edited, mask, cp_mode=options.cp_mode, ground_truth=truth, lpips=lpips)
     extra = {"mask_read": mask_read} if mask_read else {}
     if metrics["cp"] is None:
         extra["cp_excluded"] = CP_UNDEFINED
     return {"roi": roi, "roi_fraction": round(float((mask > 127).mean()), 5),
-            "resized": edited.shape != source.shape, **metrics, **extra}
+            "resized": resized, **alignment, **metrics, **extra}
+
+
+def registered_pair(source: np.ndarray, edited: np.ndarray, *, register: bool) -> tuple[np.ndarray, dict]:
+    """The edit to score, and what the record says of its frame (generation/geometry.py): measured against the
+    source, and with `register` warped back onto the source's grid when it moved within the registrable limits.
+    Unmeasurable pairs are scored as they came (`aligned` null)."""
+    geometry = estimate_geometry(source, edited)
+    if geometry is None:
+        return edited, {"aligned": None}
+    fields = {"aligned": geometry.aligned, "shift_px": round(geometry.shift_px, 3),
+              "scale": round(geometry.scale, 5), "rotation_deg": round(geometry.rotation_deg, 3)}
+    if geometry.aligned or not register or not geometry.registrable:
+        return edited, fields
+    return registered(edited, geometry), {**fields, "registered": True}
+
+
+def registration_note(ok: list[dict], cp_mode: str) -> str:
+    """What the pixel metrics were computed on, when some edits' frames moved ('' when none did)."""
+    moved = [r for r in ok if r.get("aligned") is False]
+    if not moved:
+        return ""
+    done = sum(bool(r.get("registered")) for r in moved)
+    if cp_mode != "correct":
+        return (f"{len(moved):,} of {len(ok):,} edits are misaligned with their source (the frame moved: "
+                "generation/geometry.py); in `medebench` mode they are scored as they came, as MedEBench's code does.")
+    return (f"CP, SSIM and PSNR on registered pairs: {done:,} of {len(ok):,} edits whose frame moved (shifted, "
+            "zoomed, turned or re-cropped beyond 1 px / 1 % / 0.5 degrees at 1024 px) were warped back onto the "
+            "source's grid before scoring (generation/geometry.py; `registered` in samples.jsonl)"
+            + (f"; {len(moved) - done:,} moved too far to be warped back and were scored as they came"
+               if len(moved) > done else "") + ".")
 
 
 class Roi(NamedTuple):
@@ -167,8 +200,9 @@ class Roi(NamedTuple):
     kind: str | None  # given | edit_mask | region; None: no ROI (the full image)
 
 
-def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> Roi:
-    """The sample's ROI at the source's size, how it was obtained, and its kind.
+def roi_mask(sample: Sample, source: np.ndarray, roi: str, edited: np.ndarray | None = None) -> Roi:
+    """The sample's ROI at the source's size, how it was obtained, and its kind (`edited`: the edit as scored, when
+    it is not the sample's own image: registered onto the source's grid).
 
     `roi` (ROI_POLICIES): auto: an evaluation folder's own mask (`given`); for dataset and run samples the task's
     edit mask (`edit_mask`: the row's column, or `edit_mask:computed` from the source and the reference edit);
@@ -184,7 +218,7 @@ def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> Roi:
     if roi == "none":
         return Roi(empty, "full_image", None, None)
     if roi == "edit" or (roi == "auto" and (sample.edit_mask is not None or sample.task_edit)):
-        return Roi(*_edit_roi(sample, source), None, "edit_mask")
+        return Roi(*_edit_roi(sample, source, edited), None, "edit_mask")
     try:
         region, name = region_array(sample.modality, sample.disease, source.shape[1::-1], source)
     except (ValueError, KeyError) as exc:
@@ -192,10 +226,13 @@ def roi_mask(sample: Sample, source: np.ndarray, roi: str) -> Roi:
     return Roi(region.astype(np.uint8) * 255, f"derived:{name}", None, "region")
 
 
-def _edit_roi(sample: Sample, source: np.ndarray) -> tuple[np.ndarray, str]:
+def _edit_roi(sample: Sample, source: np.ndarray, edited: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """The task's edit mask: the dataset row's, else computed (generation.masks) from the source and the reference
     edit: the ground truth when there is one (a model's output is scored inside the dataset's or run's edit), else
-    the edit scored itself."""
+    the edit scored itself. An edit registered for scoring (`edited`) gets its mask from the registered pair: the
+    row's was computed from the edit as it came."""
+    if edited is not None and sample.ground_truth is None:
+        return edit_mask_array(source, edited).astype(np.uint8) * 255, "edit_mask:computed"
     reference = sample.ground_truth if sample.ground_truth is not None else sample.edited
     if sample.edit_mask is not None:  # a mask of the dataset's edit, checked before it is decoded (mask_check)
         size = header_size(image_bytes(reference)) if reference is not None else None
@@ -278,6 +315,8 @@ def write_report(records: dict[str, dict], out: Path, settings: dict, notes: lis
     cp_excluded = cp_exclusions(ok)
     if cp_excluded["samples"]:
         notes.append(cp_excluded["note"])
+    if moved := registration_note(ok, cp_mode):
+        notes.append(moved)
     tables = {name: group_table(rows, keys) for name, keys in GROUPINGS.items()}
     for name, table in tables.items():
         table.write(out, f"by_{name}")

@@ -1,8 +1,10 @@
 """The per-task refinement loop: instruction -> edit the ORIGINAL -> judge -> refine from the full history.
 
 It is written once, as a plain generator, `refinement`: it yields each step it needs answered (`WriteInstruction`,
-`EditImage`, `JudgeEdit`, then `RoundFinished` for the store), is sent each step's answer or has the step's
-exception thrown into it, and returns the TaskOutcome. It alone names the steps, builds the attempts, applies the
+`EditImage`, `CheckGeometry`, `JudgeEdit`, then `RoundFinished` for the store), is sent each step's answer or has
+the step's exception thrown into it, and returns the TaskOutcome. `CheckGeometry` (the geometry guard,
+generation/geometry.py) is answered by the driver itself, off its event loop: an edit whose frame moved is
+rejected before the judge, warped back onto the source's grid, or judged as it came, by the run's `geometry` mode. It alone names the steps, builds the attempts, applies the
 acceptance policy and decides when to stop. Drivers only answer steps: `refine_task` awaits a backend method per
 step for one task (the local and the worker-process runners); runners/batch.py answers one step kind for every
 live task at once through batch jobs. So the two runners cannot disagree about what a round is.
@@ -10,6 +12,7 @@ live task at once through batch jobs. So the two runners cannot disagree about w
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from dataclasses import dataclass, fields
@@ -17,7 +20,9 @@ from typing import Any, Awaitable, Callable, ClassVar, Generator, Union
 
 from .backends import APIError, EditRefused, Editor, InstructionWriter, Judge
 from .acceptance import AcceptanceRule
-from .records import VERDICT_FIELDS, ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome, Verdict
+from .geometry import GeometryCheck, check_edit, frame_verdict
+from .records import (DEFAULT_GEOMETRY, VERDICT_FIELDS, ApiFailure, Attempt, EditedImage, SourceImage, Task,
+                      TaskOutcome, Verdict)
 
 Acceptance = Callable[[Verdict, Task], bool]
 OnRound = Callable[[Task, Attempt, "EditedImage | None"], Awaitable[None] | None]
@@ -100,6 +105,20 @@ class JudgeEdit(BackendStep, role="judge", method="judge"):
 
 
 @dataclass(frozen=True)
+class CheckGeometry:
+    """Answer with the geometry guard's GeometryCheck of the edit under `mode` (`answer()` computes it: CPU work,
+    milliseconds, a registration more, so drivers run it off their event loop)."""
+
+    task: Task
+    source: SourceImage
+    edited: EditedImage
+    mode: str
+
+    def answer(self) -> GeometryCheck:
+        return check_edit(self.mode, self.source, self.edited)
+
+
+@dataclass(frozen=True)
 class RoundFinished:
     """A finished attempt (and its image, None after a refused edit), to be stored. The driver sets
     `attempt.seconds` (its measure of the round's wall time), writes it, and answers None: only then does the
@@ -110,31 +129,33 @@ class RoundFinished:
     image: EditedImage | None
 
 
-BACKEND_STEPS = (WriteInstruction, EditImage, JudgeEdit)  # in the order of a round
-Step = Union[WriteInstruction, EditImage, JudgeEdit, RoundFinished]
+BACKEND_STEPS = (WriteInstruction, EditImage, JudgeEdit)  # in the order of a round (CheckGeometry between the last two)
+Step = Union[WriteInstruction, EditImage, CheckGeometry, JudgeEdit, RoundFinished]
 # what is sent back depends on the step (an Instruction, an EditedImage, a Verdict, None): no one type says it
 Refinement = Generator[Step, Any, TaskOutcome]
 
 
 def refinement(task: Task, source: SourceImage, *, max_rounds: int = 5, accept: Acceptance = accept_qualified,
-               seed: int = 0, history: list[Attempt] | None = None) -> Refinement:
+               seed: int = 0, history: list[Attempt] | None = None,
+               geometry: str = DEFAULT_GEOMETRY) -> Refinement:
     """One task, to success, to `max_rounds` rejected attempts, or to a failure, as the steps it needs answered.
 
-    Every round edits the original source image. `history` resumes a task after its journalled rounds. An
+    Every round edits the original source image, and every edit's frame is checked under `geometry` (reject |
+    register | record) before the judge sees it. `history` resumes a task after its journalled rounds. An
     APIError thrown into a backend step ends the task api_failed at that step; EditRefused at the edit step is a
     recorded round without an image; any other exception (a backend's bug, the store's failure) ends it
     api_failed with kind `unexpected`, so one task's problem never takes the whole run down.
     """
     attempts = list(history or [])
     try:
-        return (yield from _rounds(task, source, attempts, max_rounds, accept, seed))
+        return (yield from _rounds(task, source, attempts, max_rounds, accept, seed, geometry))
     except Exception as exc:
         return TaskOutcome(task, "api_failed", attempts, ApiFailure("unexpected", len(attempts) + 1,
                                                                      f"{type(exc).__name__}: {exc}", "unexpected"))
 
 
 def _rounds(task: Task, source: SourceImage, attempts: list[Attempt], max_rounds: int, accept: Acceptance,
-            seed: int) -> Refinement:
+            seed: int, geometry: str) -> Refinement:
     if attempts and attempts[-1].accepted:
         return TaskOutcome(task, "success", attempts)
     for round_no in range(len(attempts) + 1, max_rounds + 1):
@@ -148,10 +169,16 @@ def _rounds(task: Task, source: SourceImage, attempts: list[Attempt], max_rounds
             except EditRefused as refused:  # no image this round: recorded, and the writer sees why
                 attempt = Attempt(round_no, instruction, edit_error=str(refused), edit_usage=refused.usage)
             else:
-                step = "verify_image"
-                verdict = yield JudgeEdit(task, source, edited, instruction.text)
-                attempt = Attempt(round_no, instruction, verdict, accepted=accept(verdict, task),
-                                  edit_details=edited.details, edit_usage=edited.usage)
+                check = yield CheckGeometry(task, source, edited, geometry)
+                edited = check.edited  # warped back onto the source's grid when registered
+                if check.action == "rejected":  # the frame moved: no judge call, and the writer is told why
+                    attempt = Attempt(round_no, instruction, frame_verdict(check), edit_details=edited.details,
+                                      edit_usage=edited.usage, geometry=check.record())
+                else:
+                    step = "verify_image"
+                    verdict = yield JudgeEdit(task, source, edited, instruction.text)
+                    attempt = Attempt(round_no, instruction, verdict, accepted=accept(verdict, task),
+                                      edit_details=edited.details, edit_usage=edited.usage, geometry=check.record())
         except APIError as error:
             return TaskOutcome(task, "api_failed", attempts, ApiFailure(step, round_no, str(error), error.kind))
         yield RoundFinished(task, attempt, edited)
@@ -174,23 +201,28 @@ def advance(steps: Refinement, answer: object = None) -> Step | TaskOutcome:
 
 async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter, editor: Editor, judge: Judge, *,
                       max_rounds: int = 5, accept: Acceptance = accept_qualified, seed: int = 0,
-                      history: list[Attempt] | None = None, on_round: OnRound | None = None) -> TaskOutcome:
-    """`refinement` answered by awaiting the backends' methods, one step after the other.
+                      history: list[Attempt] | None = None, on_round: OnRound | None = None,
+                      geometry: str = DEFAULT_GEOMETRY) -> TaskOutcome:
+    """`refinement` answered by awaiting the backends' methods, one step after the other (the geometry check in a
+    worker thread).
 
     `on_round` stores each finished attempt (the store writes its image and journal line there); an attempt's
     `seconds` is its round's wall time."""
     backends = {"writer": writer, "editor": editor, "judge": judge}
-    steps = refinement(task, source, max_rounds=max_rounds, accept=accept, seed=seed, history=history)
+    steps = refinement(task, source, max_rounds=max_rounds, accept=accept, seed=seed, history=history,
+                       geometry=geometry)
     started = time.perf_counter()
     step = advance(steps)
     while not isinstance(step, TaskOutcome):
-        answer = None
+        answer: object = None
         try:
             if isinstance(step, RoundFinished):
                 step.attempt.seconds = time.perf_counter() - started
                 if on_round is not None and (maybe := on_round(task, step.attempt, step.image)) is not None:
                     await maybe
                 started = time.perf_counter()
+            elif isinstance(step, CheckGeometry):
+                answer = await asyncio.to_thread(step.answer)
             else:
                 answer = await step.ask(backends[step.role])
         except Exception as exc:  # the refinement decides what it means

@@ -68,13 +68,16 @@ def task_fields(task: Task) -> dict[str, str]:
 
 
 def history_json(history: list[Attempt]) -> str:
-    """Earlier rounds for the refinement prompt: instruction plus verdict or edit error, oldest first."""
+    """Earlier rounds for the refinement prompt: instruction plus verdict, edit error, or why the geometry guard
+    rejected the edit before judging (`frame_moved`), oldest first."""
     rounds = []
     for attempt in sorted(history, key=lambda a: a.round):
         entry = {"round": attempt.round, "instruction": attempt.instruction.text}
         if attempt.edit_error:
             entry["edit_error"] = attempt.edit_error
-        if attempt.verdict:
+        if attempt.frame_rejected and attempt.verdict:
+            entry["frame_moved"] = attempt.verdict.reason
+        elif attempt.verdict:
             verdict = attempt.verdict
             entry["verdict"] = {**{name: getattr(verdict, name) for name in VERDICT_BOOLEANS}, "reason": verdict.reason}
         rounds.append(entry)

@@ -20,6 +20,10 @@ from .secrets import scrub
 
 # Pillow's own warning threshold: the default of `prepare --max-pixels` and `generate --max-pixels`
 DEFAULT_MAX_PIXELS = 89_478_485
+# what `--geometry` does with an edit whose frame moved (generation/geometry.py); here, where the commands' parsers
+# reach it without importing the estimator's PIL and scipy
+GEOMETRY_MODES = ("reject", "register", "record")
+DEFAULT_GEOMETRY = "register"
 RUBRIC_WEIGHTS = {"has_disease": 0.40, "structure_reasonable": 0.25, "looks_realistic": 0.20,
                   "fidelity_preserved": 0.15}
 # The one declaration of a verdict's judged fields, names, types and order (the dataset's verdict columns). The
@@ -239,6 +243,7 @@ class EditedImage:
     text: str = ""  # any text the editor returned alongside the image
     details: dict = field(default_factory=dict)  # backend facts worth keeping (realised parameters, ...)
     usage: Usage = field(default_factory=Usage)
+    original: bytes | None = None  # the editor's bytes when `data` is its edit warped back onto the source's grid
 
     @cached_property
     def array(self) -> np.ndarray:
@@ -258,22 +263,27 @@ class Verdict:
     model: str = ""
     details: dict = field(default_factory=dict)  # measurements behind the booleans
     usage: Usage = field(default_factory=Usage)
+    unjudged: tuple[str, ...] = ()  # booleans this verdict does not speak to (written null): the geometry guard's
 
     def compliance(self, direction: str) -> bool:
         """Instruction compliance: the disease is present after `add`, absent after `remove`."""
         return self.has_disease if direction == "add" else not self.has_disease
 
     def to_json(self) -> dict:
-        return {"qualified": self.qualified, "has_disease": self.has_disease,
-                "structure_reasonable": self.structure_reasonable, "looks_realistic": self.looks_realistic,
-                "reason": self.reason, "thinking_summary": self.thinking_summary,
-                "fidelity_preserved": self.fidelity_preserved, "score": round(float(self.score), 4),
-                "model": self.model, "details": self.details}
+        out = {"qualified": self.qualified, "has_disease": self.has_disease,
+               "structure_reasonable": self.structure_reasonable, "looks_realistic": self.looks_realistic,
+               "reason": self.reason, "thinking_summary": self.thinking_summary,
+               "fidelity_preserved": self.fidelity_preserved, "score": round(float(self.score), 4),
+               "model": self.model, "details": self.details}
+        if self.unjudged:
+            out.update({**dict.fromkeys(self.unjudged), "unjudged": list(self.unjudged)})
+        return out
 
     @classmethod
     def from_json(cls, raw: dict) -> "Verdict":
         return cls.from_values(verdict_values(JsonFields(raw)), thinking_summary=raw.get("thinking_summary", ""),
-                               model=raw.get("model", ""), details=raw.get("details", {}))
+                               model=raw.get("model", ""), details=raw.get("details", {}),
+                               unjudged=tuple(raw.get("unjudged") or ()))
 
     @classmethod
     def from_values(cls, values: dict, **extra) -> "Verdict":
@@ -316,6 +326,12 @@ class Attempt:
     seconds: float = 0.0
     edit_details: dict = field(default_factory=dict)
     edit_usage: Usage = field(default_factory=Usage)  # the editor's tokens (also of a refused edit, when known)
+    geometry: dict = field(default_factory=dict)  # the geometry guard's record (geometry.GeometryCheck.record)
+
+    @property
+    def frame_rejected(self) -> bool:
+        """Rejected by the geometry guard before any judge saw it."""
+        return self.geometry.get("action") == "rejected"
 
     def to_round_json(self) -> dict:
         out: dict[str, Any] = {"round": self.round,
@@ -332,6 +348,8 @@ class Attempt:
             out["edit_result"]["error"] = self.edit_error
         if self.edit_details:
             out["edit_result"]["details"] = self.edit_details
+        if self.geometry:
+            out["geometry"] = self.geometry
         return out
 
 

@@ -134,6 +134,22 @@ class OpenAISettings(_APISettings):
 
 
 @dataclass(frozen=True)
+class SimulatorSettings:
+    """The offline `simulator` editor's options: `drift`, the share of its edits whose frame moves as real editors'
+    do (simulator/drift.py), for the geometry guard's paths offline."""
+
+    drift: float = 0.0
+
+    def share(self, n: int) -> SimulatorSettings:
+        return self
+
+    def options(self, out: Path, roles: dict[str, str]) -> dict[str, dict]:
+        if roles.get("editor") != "simulator" or not self.drift:
+            return {}
+        return {"editor": {"drift": self.drift}}
+
+
+@dataclass(frozen=True)
 class DiffusersSettings:
     """The `diffusers` editor (DiffusersEditor's options; `model` is --editor-model)."""
 

@@ -3,59 +3,17 @@ does the work)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from ..destinations import ZERO_RETENTION
-from ..records import DEFAULT_MAX_PIXELS
+from ..records import DEFAULT_MAX_PIXELS, GEOMETRY_MODES
 from ..rundir.lock import hold_for_command
 from .options import (add_backend_choice, add_model_options, add_openai_endpoint_options, add_prices_option,
                       add_rate_limits, add_selection_options, add_vertex_options, count as _count,
-                      positive as _positive, whole_number)
+                      positive as _positive, workers as _workers)
+from .run_options import RUN_DEFAULTS, ROLES, add_run_options, take_recorded_options
 from .spending import announcer, budget_exit
-
-
-def _workers(text: str) -> int | str:
-    return whole_number(text, auto=True)
-
-
-def _accept(text: str) -> str:
-    """An acceptance rule checked when the options are read (generation/acceptance.py), kept as its text; a
-    POLICY.json made by `medbanana calibrate` gives its rule (the run records the rule, not the file)."""
-    from ..acceptance import rule_option
-
-    try:
-        return rule_option(text)[0]
-    except (ValueError, FileNotFoundError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-ROLES = ("writer", "editor", "judge")
-RUN_DEFAULTS = {"max_rounds": 5, "seed": 0, "accept": "qualified"}  # add_run_options; generate: after --retry-failed
-
-
-def take_recorded_options(args, config: dict) -> None:
-    """--retry-failed: the options RUN_DIR/medbanana-run.json records that choose no destination (max rounds, seed,
-    accept policy) for those not given. Any given is kept: a different one is refused by the run directory's check,
-    naming it. What names a destination (sources, backends, models, Vertex AI, base URLs) is never taken from the
-    run: the command line must give it as the run records it (confirm.py)."""
-    for name in RUN_DEFAULTS:
-        if getattr(args, name) is None and config.get(name) is not None:
-            setattr(args, name, config[name])
-
-
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("refinement loop")
-    g.add_argument("--max-rounds", type=_count, default=RUN_DEFAULTS["max_rounds"],
-                   help=f"rounds per task before it counts as failed (default {RUN_DEFAULTS['max_rounds']})")
-    g.add_argument("--concurrency", type=_count, default=4, help="tasks in flight at once (default 4)")
-    g.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"],
-                   help=f"run seed; each attempt's seed derives from it (default {RUN_DEFAULTS['seed']})")
-    g.add_argument("--accept", type=_accept, default=RUN_DEFAULTS["accept"],
-                   help="acceptance policy: 'qualified' (the judge's verdict, default), 'score>=0.7', another rule "
-                        "(docs/calibration.md), or a POLICY.json made by `medbanana calibrate` (its rule is recorded)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def cmd_generate(args) -> int:
@@ -85,7 +43,7 @@ def _generate(args, out: Path) -> int:
     from PIL import Image
 
     from ..backends.gemini_client import VertexTarget
-    from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+    from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings, SimulatorSettings
     from ..rundir import layout
     from ..runners.generate import BackendSpec, default_backend, generate, run_config
     from ..runners.local import RunOptions
@@ -107,6 +65,10 @@ def _generate(args, out: Path) -> int:
     for name, default in RUN_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if args.geometry not in GEOMETRY_MODES:  # a recorded value from --retry-failed's run
+        print(f"medbanana generate: --geometry {args.geometry!r} is not one of {', '.join(GEOMETRY_MODES)}",
+              file=sys.stderr)
+        return 2
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     # a project alone means Vertex AI; so does the SDK's own GOOGLE_GENAI_USE_VERTEXAI, for a gemini role
     named_vertex = bool(args.vertex or args.vertex_project or args.vertex_location)  # naming Gemini on Vertex AI
@@ -129,7 +91,11 @@ def _generate(args, out: Path) -> int:
         model=args.editor_model, steps=args.diffusers_steps, guidance_scale=args.guidance_scale,
         image_guidance_scale=args.image_guidance_scale, resolution=args.diffusers_resolution, dtype=args.dtype,
         device=args.device, batch_size=args.diffusers_batch_size, attention=args.diffusers_attention,
-        attention_dir=args.save_attention))
+        attention_dir=args.save_attention), simulator=SimulatorSettings(drift=args.simulator_drift or 0.0))
+    if args.simulator_drift and roles["editor"] != "simulator":
+        print("medbanana generate: --simulator-drift is the offline simulator's editor option; the editor here is "
+              f"{roles['editor']}", file=sys.stderr)
+        return 2
     from .confirm import refused_destinations  # before anything is opened or sent
 
     if refused := refused_destinations(args, spec, recorded if args.retry_failed else None):
@@ -157,7 +123,8 @@ def _generate(args, out: Path) -> int:
     options = RunOptions(max_rounds=args.max_rounds, concurrency=args.concurrency, seed=args.seed,
                          accept=args.accept, retry_failed=bool(args.retry_failed),
                          drop_missing_sources=args.drop_missing_sources, shard=args.shard,
-                         workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels, c2pa=c2pa)
+                         workers=args.workers, quiet=args.quiet, max_pixels=args.max_pixels, c2pa=c2pa,
+                         geometry=args.geometry)
     if args.executor == "ray":
         summary = _generate_on_ray(args, Path(sources), Path(out), selection, spec, options, prices)
         if isinstance(summary, int):
@@ -291,7 +258,8 @@ def register(sub) -> None:
     p.add_argument("--retry-failed", type=Path, metavar="RUN_DIR",
                    help="re-run the tasks of RUN_DIR that ended with an API error, with the selection (diseases, "
                         "modalities, directions, shard, limit) its medbanana-run.json records; other selection "
-                        "options are refused. --max-rounds, --seed and --accept default to the recorded ones; what "
+                        "options are refused. --max-rounds, --seed, --accept, --geometry and --simulator-drift default "
+                        "to the recorded ones; what "
                         "names a destination (--sources, backends, models, Vertex AI project and location, base "
                         "URLs) is never taken from the run: give it as the run records it (the retry line printed "
                         "after API failures carries it). Give the signing certificate again: it is not stored")

@@ -38,6 +38,11 @@ def count(text: str) -> int | str:
     return whole_number(text)
 
 
+def workers(text: str) -> int | str:
+    """`--workers N|auto`."""
+    return whole_number(text, auto=True)
+
+
 def positive(text: str) -> float:
     """A number above 0 (seconds, rates, USD): argparse adds the option's name."""
     try:

@@ -184,3 +184,19 @@ def check_task_line(where: str, line: TaskLine) -> None:
     if rec.api_failure is not None and rec.api_failure.task != rec.key:
         raise refusal(where, "record.api_failure.task", f"is {shown(rec.api_failure.task)}, not the "
                                                          f"record's key {rec.key}")
+
+
+def open_journal(path: Path):
+    """(the journal opened to append, its bytes) of a run that has one, (None, b"") of one that has none. Opened
+    as a file of ours (files.open_owned: a symbolic link, a hard link, a FIFO or a folder there is refused in one
+    line) and read through that descriptor."""
+    try:
+        fd = open_owned(path, os.O_RDWR | os.O_APPEND)
+    except FileNotFoundError:
+        return None, b""
+    try:
+        data = b"".join(iter(lambda: os.read(fd, 1 << 24), b""))
+        return os.fdopen(fd, "ab"), data
+    except BaseException:
+        os.close(fd)
+        raise

@@ -10,8 +10,10 @@ Per source dataset folder {D} and direction (the add direction is called "edit" 
     {D}-{edit|remove}-failed/failed_summary.json
 
 Ours beside them: medbanana-*.json(l) files, medbanana-masks/{image}.edit.png and .region.png per attempt image
-(its edit mask and its task's region, generation/masks.py, computed when the image was written), and
-medbanana-orphans/{image} (images of another origin set aside on opening).
+(its edit mask and its task's region, generation/masks.py, computed when the image was written),
+medbanana-originals/{image} (the editor's own image of an attempt that `--geometry register` warped back onto its
+source's grid, generation/geometry.py) and medbanana-orphans/{image} (images of another origin set aside on
+opening).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ STATS = "medbanana-stats.json"
 SOURCES_MANIFEST = "medbanana-sources.json"
 MASKS = "medbanana-masks"  # an attempt image's masks (`mask_relpaths`), mirroring the images' paths
 ORPHANS = "medbanana-orphans"  # images on opening that no journal line names and this run did not write
+ORIGINALS = "medbanana-originals"  # the editor's image of a registered attempt (`original_relpath`)
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")  # image files of a run (attempts, sources found by the builder)
 # {D}-edit, {D}-remove, {D}-edit-failed, {D}-remove-failed
@@ -92,6 +95,17 @@ def mask_relpaths(image_relpath: str) -> tuple[str, str]:
     """(edit mask, region mask) of an attempt image at `image_relpath`: PNG files under MASKS, mode L, 0/255,
     the edit mask at the image's size and the region at its source's (generation/masks.py)."""
     return f"{MASKS}/{image_relpath}.edit.png", f"{MASKS}/{image_relpath}.region.png"
+
+
+def original_relpath(image_relpath: str) -> str:
+    """Where the editor's own image of the attempt image at `image_relpath` is kept when the image is that edit
+    warped back onto the source's grid (`generate --geometry register`): under ORIGINALS, the same path."""
+    return f"{ORIGINALS}/{image_relpath}"
+
+
+def companion_relpaths(image_relpath: str) -> tuple[str, ...]:
+    """Every file the run keeps beside an attempt image: its masks and, when it was registered, the original."""
+    return (*mask_relpaths(image_relpath), original_relpath(image_relpath))
 
 
 def split_task_key(key: str, disease: str) -> str:
@@ -165,7 +179,7 @@ _FILE_NAMES = frozenset({PROGRESS, API_FAILURES, FINAL_PROMPTS, ALL_CONVERSATION
 
 def folders_leading_out(run_dir: Path) -> list[str]:
     """The folders a run writes into that lead outside `run_dir` through a symlink (or one that dangles or loops):
-    `{D}-edit`... and their class folders, MASKS and ORPHANS and their mirrors of those. Writing there would write
+    `{D}-edit`... and their class folders, MASKS, ORIGINALS and ORPHANS and their mirrors of those. Writing there would write
     outside the run. Run-relative paths, sorted; a link that stays inside is followed and the folders below it
     checked in turn; other names (a user's notes folder) are not looked at."""
     run_dir = Path(run_dir)
@@ -189,7 +203,7 @@ def folders_leading_out(run_dir: Path) -> list[str]:
 
     if run_dir.is_dir():
         output_folders(run_dir)
-        for mirror in (run_dir / MASKS, run_dir / ORPHANS):
+        for mirror in (run_dir / MASKS, run_dir / ORIGINALS, run_dir / ORPHANS):
             if not leads_out(mirror) and mirror.is_dir():
                 output_folders(mirror)
     return sorted(found)

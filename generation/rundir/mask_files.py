@@ -23,17 +23,20 @@ MaskFiles = tuple[bytes | None, bytes | None]  # (edit mask PNG, region mask PNG
 SUFFIXES = (".edit.png", ".region.png")  # what `layout.mask_relpaths` appends to the image's path
 
 
-def compute(task: Task, edited: bytes) -> MaskFiles:
+def compute(task: Task, edited: bytes, frame_rejected: bool = False) -> MaskFiles:
     """The masks of an attempt image of `task` from its bytes and the task's source file; (None, None) when the
-    source cannot be read. Never raises for bad data: a mask is derived, and a missing one is recomputed by a build."""
+    source cannot be read. Never raises for bad data: a mask is derived, and a missing one is recomputed by a build.
+    An edit the geometry guard rejected because its frame moved gets no edit mask (it would outline the moved
+    anatomy, not the edit), only its task's region."""
     try:
         source = Path(task.source_path).read_bytes()
     except OSError:
         return None, None
     try:
-        return attempt_mask_files(source, edited, task.modality, task.disease)
+        edit, region = attempt_mask_files(source, edited, task.modality, task.disease)
     except Exception:  # a mask must never fail the round that stores its image; a build recomputes a missing one
         return None, None
+    return (None if frame_rejected else edit), region
 
 
 class MaskProcess:
@@ -45,7 +48,7 @@ class MaskProcess:
     def __init__(self):
         self._pool = None
 
-    async def compute(self, task: Task, edited: bytes) -> MaskFiles:
+    async def compute(self, task: Task, edited: bytes, frame_rejected: bool = False) -> MaskFiles:
         import asyncio
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
@@ -55,7 +58,8 @@ class MaskProcess:
             self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=ignore_sigint)
         try:
             with children_ignore_sigint():  # submitting starts the pool's process: Ctrl-C is the run's to handle
-                computed = asyncio.get_running_loop().run_in_executor(self._pool, compute, task, edited)
+                computed = asyncio.get_running_loop().run_in_executor(self._pool, compute, task, edited,
+                                                                      frame_rejected)
             return await computed
         except (BrokenProcessPool, OSError, RuntimeError):  # RuntimeError: the pool was shut down meanwhile
             return None, None

@@ -6,11 +6,11 @@ one schema and checked as the store writes it (journal.py: plain names the build
 from them, rounds 1..n, each image the path the layout gives for its round), as a resumed run checks its own, and
 each shard's medbanana-run.json is parsed as a `schema.RunConfig`; each image is read only from inside its shard,
 must be a regular file there, and is written only inside --out (`layout.inside`, symlinks resolved). An image's
-masks (layout.mask_relpaths) come along, before it, where the shard has them as regular files inside it; any other
-is left behind (a build recomputes a missing mask). Every record of every shard is checked before anything is
-written: a refusal is one line naming the shard, the journal line and the field, and --out is left as it was (not
-created, if it did not exist). --out
-is locked as any run directory being written (RunStore.open), the shards shared (lock.py). Records are merged as
+masks and original (layout.companion_relpaths) come along, before it, where the shard has them as regular files
+inside it; any other is left behind (a build recomputes a missing mask). Every record of every shard is checked
+before anything is written: a refusal is one line naming the shard, the journal line and the field, and --out is
+left as it was (not created, if it did not exist). --out is locked as any run directory being written
+(RunStore.open), the shards shared (lock.py). Records are merged as
 they are, rounds included, so that `--retry-failed` on the merged run continues an api_failed task after them."""
 
 from __future__ import annotations
@@ -85,11 +85,11 @@ def _checked_copies(run_dir: Path, out: Path, where: str, record: schema.Journal
 
 
 def _mask_copies(run_dir: Path, out: Path, field: str, image: str) -> list[tuple[Path, Path]]:
-    """(source in the shard, destination in --out) of an image's masks that the shard holds as regular files
-    inside it; one missing, irregular or linked outside the shard is not carried (never followed or opened). The
+    """(source in the shard, destination in --out) of an image's masks and original (layout.companion_relpaths)
+    that the shard holds as regular files inside it; one missing, irregular or linked outside the shard is not carried (never followed or opened). The
     destination is checked as an image's is."""
     copies = []
-    for relpath in layout.mask_relpaths(image):
+    for relpath in layout.companion_relpaths(image):
         try:
             src = layout.inside(run_dir, relpath, named_by=field)
         except layout.UnsafePath:

@@ -61,7 +61,8 @@ class EditResult(msgspec.Struct, gc=False):
 Verification = msgspec.defstruct(
     "Verification",
     [*((name, str | None if kind is str else Scalar, None) for name, kind in VERDICT_COLUMNS.items()),
-     ("thinking_summary", msgspec.Raw, NULL), ("model", str | None, None), ("details", msgspec.Raw, NULL)],
+     ("thinking_summary", msgspec.Raw, NULL), ("model", str | None, None), ("details", msgspec.Raw, NULL),
+     ("unjudged", list[str] | None, None)],
     module=__name__, gc=False)
 
 
@@ -75,6 +76,7 @@ class Round(msgspec.Struct, gc=False):
     accepted: Scalar = None  # ours
     image: str | None = None  # ours: the attempt's image, relative to the run directory
     usage: msgspec.Raw = NULL  # ours: tokens per role
+    geometry: msgspec.Raw = NULL  # ours: the geometry guard's record (generation/geometry.py), read by `geometry_of`
 
 
 class Models(msgspec.Struct, gc=False):
@@ -191,14 +193,41 @@ def attempt_from_round(raw: dict | bytes) -> Attempt:
                    verdict=_verdict(round_.verification, usage.get("judge") or {}),
                    accepted=bool(as_bool(round_.accepted)), edit_error=edit.error or "",
                    image_relpath=round_.image or "", seconds=float(round_.seconds or 0.0),
-                   edit_details=_decoded(edit.details) or {}, edit_usage=Usage(**(usage.get("editor") or {})))
+                   edit_details=_decoded(edit.details) or {}, edit_usage=Usage(**(usage.get("editor") or {})),
+                   geometry=_decoded(round_.geometry) or {})
 
 
 def _verdict(raw: Verification | None, usage: dict) -> Verdict | None:
     if raw is None:
         return None
     return Verdict.from_values(verdict_values(raw), thinking_summary=text(raw.thinking_summary) or "",
-                               model=raw.model or "", details=_decoded(raw.details) or {}, usage=Usage(**usage))
+                               model=raw.model or "", details=_decoded(raw.details) or {}, usage=Usage(**usage),
+                               unjudged=tuple(raw.unjudged or ()))
+
+
+class GeometryRecord(msgspec.Struct, gc=False):
+    """What the builder reads of a round's `geometry` (the guard's record): the measurement's columns and the
+    action; null where not measured."""
+
+    aligned: bool | None = None
+    shift_px: float | None = None
+    scale: float | None = None
+    rotation_deg: float | None = None
+    action: str | None = None
+
+
+_GEOMETRY = msgspec.json.Decoder(GeometryRecord)
+
+
+def geometry_of(raw: msgspec.Raw | None) -> GeometryRecord | None:
+    """A round's `geometry` as a GeometryRecord; None when the round has none, or one that does not read as one (a
+    derived record: the build measures again where it can)."""
+    if not raw or bytes(raw) == b"null":
+        return None
+    try:
+        return _GEOMETRY.decode(raw)
+    except msgspec.ValidationError:
+        return None
 
 
 def _decoded(raw: msgspec.Raw):

@@ -25,10 +25,10 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from . import layout, mask_files
+from . import layout, mask_files, originals
 from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
-from .journal import parse_journal
+from .journal import open_journal, parse_journal
 from .schema import attempt_from_round, read_run_config
 from ..records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome
 from ..files import (TEMP_NAME, atomic_write_bytes, atomic_write_json, open_append, open_owned,  # noqa: F401
@@ -103,7 +103,7 @@ class RunStore:
             self.config["created"] = time.time()
         self.config.setdefault("run_id", uuid.uuid4().hex)
         journal_path = self.run_dir / layout.JOURNAL
-        journal, data = _open_journal(journal_path)  # every line parsed and checked before anything is written
+        journal, data = open_journal(journal_path)  # every line parsed and checked before anything is written
         try:
             entries = [line.entry for line in parse_journal(data, f"run directory {self.run_dir}")]
             self._replay(entries)
@@ -165,6 +165,7 @@ class RunStore:
                         elif name.lower().endswith(layout.IMAGE_SUFFIXES) and rel not in named:
                             self._orphan(rel)
         mask_files.reconcile(self.run_dir, named, self.reconciled)
+        originals.reconcile(self.run_dir, named, self.reconciled)
 
     def _orphan(self, rel: str) -> None:
         """An image no journal line names. One that a merge is about to link in, with its bytes, stays. One that
@@ -232,26 +233,35 @@ class RunStore:
     def write_image(self, task: Task, attempt: Attempt, image: EditedImage | None,
                     masks: mask_files.MaskFiles | None = None) -> None:
         """The round's image, marked (and signed), renamed into place after its masks (`masks`, computed here
-        from the task's source when None: mask_files.py); sets `attempt.image_relpath`. Safe on worker threads,
+        from the task's source when None: mask_files.py) and, for an edit the geometry guard registered, the
+        editor's own image (originals.py); sets `attempt.image_relpath`. Safe on worker threads,
         several at once (the local runner hands it to one): it touches no shared state but the signer's, which a
         lock keeps to one thread, and the mask module's thread-safe cache of sources."""
         if image is None:
             return
         attempt.image_relpath = layout.attempt_image_relpath(task.dataset, task.direction, task.source_id,
                                                              task.disease, attempt.round, attempt.accepted)
-        for relpath in (attempt.image_relpath, *layout.mask_relpaths(attempt.image_relpath)):
+        for relpath in (attempt.image_relpath, *layout.companion_relpaths(attempt.image_relpath)):
             layout.inside(self.run_dir, relpath, named_by="the run's layout")  # a link made since opening: refused
-        # the masks first: a kill before the image's journal line leaves companions that opening removes
+        # the companions first: a kill before the image's journal line leaves companions that opening removes
         mask_files.write(self.run_dir, attempt.image_relpath,
-                         mask_files.compute(task, image.data) if masks is None else masks)
-        # every image we write says it is synthetic (IPTC DigitalSourceType in XMP), pixels untouched
-        marked = mark_synthetic(image.data, self.config["run_id"], self.config.get("models"),
-                                source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE),
-                                extra={"Task": task.uid, "Round": str(attempt.round)})
+                         mask_files.compute(task, image.data, attempt.frame_rejected) if masks is None else masks)
+        originals.write(self.run_dir, attempt.image_relpath,
+                        None if image.original is None else self._marked(task, attempt, image.original, original=True))
+        atomic_write_bytes(self.run_dir / attempt.image_relpath, self._marked(task, attempt, image.data))
+
+    def _marked(self, task: Task, attempt: Attempt, data: bytes, original: bool = False) -> bytes:
+        """Every image we write says it is synthetic (IPTC DigitalSourceType in XMP), pixels untouched, and is
+        signed when the run signs."""
+        extra = {"Task": task.uid, "Round": str(attempt.round)}
+        if original:
+            extra["Original"] = "the editor's image before the geometry guard registered it"
+        marked = mark_synthetic(data, self.config["run_id"], self.config.get("models"),
+                                source_type=self.config.get("digital_source_type", DEFAULT_SOURCE_TYPE), extra=extra)
         if self.signer is not None:  # after the mark: the signature covers the final bytes
             with self._signing:
                 marked = self.signer.sign(marked, self._manifest(task, attempt))
-        atomic_write_bytes(self.run_dir / attempt.image_relpath, marked)
+        return marked
 
     def journal_attempt(self, task: Task, attempt: Attempt) -> None:
         """The round's journal line (after its image is in place); on the thread that owns the store."""
@@ -353,22 +363,6 @@ def _check_signing(run_dir: Path, recorded: dict | None, given: dict | None) -> 
 
 def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in ("key", "api_failure")}
-
-
-def _open_journal(path: Path):
-    """(the journal opened to append, its bytes) of a run that has one, (None, b"") of one that has none. Opened
-    as a file of ours (files.open_owned: a symbolic link, a hard link, a FIFO or a folder there is refused in one
-    line) and read through that descriptor."""
-    try:
-        fd = open_owned(path, os.O_RDWR | os.O_APPEND)
-    except FileNotFoundError:
-        return None, b""
-    try:
-        data = b"".join(iter(lambda: os.read(fd, 1 << 24), b""))
-        return os.fdopen(fd, "ab"), data
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def conversation_record(outcome: TaskOutcome, run_dir: Path, config: dict, extra: dict) -> dict:

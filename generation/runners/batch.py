@@ -31,8 +31,8 @@ from ..backends.gemini import Answer, GeminiEditor, GeminiJudge, GeminiWriter, r
 from ..backends.gemini_transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
 from ..backends.settings import batch_files_dir, remove_batch_files
 from ..files import atomic_write_json
-from ..loop import (BACKEND_STEPS, Refinement, RoundFinished, Step, WriteInstruction, acceptance_policy, advance,
-                    refinement)
+from ..loop import (BACKEND_STEPS, CheckGeometry, Refinement, RoundFinished, Step, WriteInstruction,
+                    acceptance_policy, advance, refinement)
 from ..records import SourceImage, Task, TaskOutcome
 from .budget import Ledger, answer_usage
 from .local import read_source, source_error
@@ -245,7 +245,7 @@ async def _start(session: RunSession, options: RunOptions, accept) -> list[_Live
             session.finish(source_error(task, source))
             continue
         steps = refinement(task, source, max_rounds=options.max_rounds, accept=accept, seed=options.seed,
-                           history=session.store.history(task))
+                           history=session.store.history(task), geometry=options.geometry)
         step = advance(steps)
         if isinstance(step, TaskOutcome):
             session.finish(step)
@@ -257,11 +257,12 @@ async def _start(session: RunSession, options: RunOptions, accept) -> list[_Live
 async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls, on_round, on_finished,
                            ledger: Ledger | None = None, on_budget=None) -> None:
     """Drive the refinements of all live tasks in lockstep, a round per pass: every writer step of the pass as
-    one exchange run (one batch job per model), then every editor step, then every judge step, then the finished
-    rounds are stored with `on_round(task, attempt, image)` (their `seconds` is the whole pass's wall time: the
-    calls share batch jobs). `on_finished(outcomes)` gets the tasks that ended, after each pass. With a `ledger`,
-    a task's round goes into the pass only if it fits the budget; the first that does not stops the run from
-    starting any (`on_budget()`), those left stay unfinished."""
+    one exchange run (one batch job per model), then every editor step, each edit's geometry check (here, in a
+    worker thread), then every judge step, then the finished rounds are stored with `on_round(task, attempt,
+    image)` (their `seconds` is the whole pass's wall time: the calls share batch jobs). `on_finished(outcomes)`
+    gets the tasks that ended, after each pass. With a `ledger`, a task's round goes into the pass only if it fits
+    the budget; the first that does not stops the run from starting any (`on_budget()`), those left stay
+    unfinished."""
     n = 0
     while live:
         n += 1
@@ -286,6 +287,8 @@ async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls,
                 if ledger is not None:
                     ledger.settle(s.task.uid, kind.role, *answer_usage(answers[s.task.uid]))
                 s.step = advance(s.steps, answers[s.task.uid])
+                while isinstance(s.step, CheckGeometry):
+                    s.step = advance(s.steps, await _checked(s.step))
         for s in live:
             if isinstance(s.step, RoundFinished):
                 s.step.attempt.seconds = time.perf_counter() - started
@@ -296,6 +299,14 @@ async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls,
             ledger.release(s.task.uid)
         on_finished([s.step for s in ended])
         live = [s for s in live if not isinstance(s.step, TaskOutcome)] + waiting
+
+
+async def _checked(step: CheckGeometry):
+    """The geometry check's answer, or the exception it raised (thrown into the refinement, which records it)."""
+    try:
+        return await asyncio.to_thread(step.answer)
+    except Exception as exc:  # noqa: BLE001 - the refinement decides what it means
+        return exc
 
 
 async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter, editor: GeminiEditor,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from .. import backends
-from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings
+from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings, SimulatorSettings
 from ..costs import ROLES
 from ..destinations import classes_of, destinations, gate, record_destinations, sources_data_use
 from ..pricing import PriceTable, is_paid, load_prices
@@ -60,9 +60,11 @@ class BackendSpec:
     gemini: GeminiSettings = GeminiSettings()
     openai: OpenAISettings = OpenAISettings()
     diffusers: DiffusersSettings = DiffusersSettings()
+    simulator: SimulatorSettings = SimulatorSettings()
 
     def __post_init__(self):
-        for name, kind in (("gemini", GeminiSettings), ("openai", OpenAISettings), ("diffusers", DiffusersSettings)):
+        for name, kind in (("gemini", GeminiSettings), ("openai", OpenAISettings), ("diffusers", DiffusersSettings),
+                           ("simulator", SimulatorSettings)):
             if isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, kind(**getattr(self, name)))
 
@@ -70,7 +72,7 @@ class BackendSpec:
         """(writer, editor, judge); with share > 1 this is one of `share` processes, each allowed 1/share of
         the client-side rate limits (--rpm, --tpm) so that together they keep to them."""
         options = {}
-        for settings in (self.gemini, self.openai, self.diffusers):
+        for settings in (self.gemini, self.openai, self.diffusers, self.simulator):
             options.update(settings.share(share).options(out, self.roles))
         return make_backends(self.backend, **self.roles, options=options)
 

@@ -76,7 +76,7 @@ async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[Instru
         return source_error(task, exc)
     writer, editor, judge = backends
     return await refine_task(task, source, writer, editor, judge, max_rounds=options.max_rounds, accept=accept,
-                             seed=options.seed, history=history, on_round=on_round)
+                             seed=options.seed, history=history, on_round=on_round, geometry=options.geometry)
 
 
 async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter, editor: Editor, judge: Judge,
@@ -96,7 +96,7 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
             # in a worker thread, while the event loop keeps the calls in flight moving. The journal line follows
             # the image, here.
             if image is not None:
-                made = await masks.compute(task, image.data)
+                made = await masks.compute(task, image.data, attempt.frame_rejected)
                 await asyncio.to_thread(store.write_image, task, attempt, image, made)
             store.journal_attempt(task, attempt)
 
@@ -135,5 +135,7 @@ def describe_backends(writer, editor, judge) -> dict:
     """What medbanana-run.json records about the backends (names and models, never secrets)."""
     def info(obj):  # a Gemini backend on Vertex AI adds its project and location (--retry-failed reads them)
         vertex = {"vertex": obj.vertex} if getattr(obj, "vertex", None) is not None else {}
-        return {"backend": getattr(obj, "name", type(obj).__name__), "model": getattr(obj, "model", ""), **vertex}
+        drift = {"drift": obj.drift} if getattr(obj, "drift", 0) else {}  # the simulated editor's frame drift
+        return {"backend": getattr(obj, "name", type(obj).__name__), "model": getattr(obj, "model", ""), **vertex,
+                **drift}
     return {"writer": info(writer), "editor": info(editor), "judge": info(judge)}

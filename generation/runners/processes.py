@@ -104,6 +104,7 @@ class RoundDone:
     attempt: Attempt
     image: bytes | None
     masks: mask_files.MaskFiles | None = None
+    original: bytes | None = None  # the editor's bytes when `image` is its edit registered (EditedImage.original)
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
     sender.start()
 
     def send_round(task: Task, attempt: Attempt, image: EditedImage | None) -> None:
-        outbox.put(lambda: round_done(task, attempt, image.data if image is not None else None))
+        outbox.put(lambda: round_done(task, attempt, image))
 
     async def slot() -> None:
         while isinstance(message := await inbox.get(), RunTask):
@@ -192,9 +193,12 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
     await asyncio.to_thread(sender.join)
 
 
-def round_done(task: Task, attempt: Attempt, image: bytes | None) -> RoundDone:
+def round_done(task: Task, attempt: Attempt, image: EditedImage | None) -> RoundDone:
     """A round's message, with its image's masks made here (in the worker)."""
-    return RoundDone(task.uid, attempt, image, None if image is None else mask_files.compute(task, image))
+    if image is None:
+        return RoundDone(task.uid, attempt, None)
+    return RoundDone(task.uid, attempt, image.data, mask_files.compute(task, image.data, attempt.frame_rejected),
+                     image.original)
 
 
 def _send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
@@ -295,7 +299,8 @@ class _Pool:
     def handle(self, worker: _Worker, message) -> None:
         if isinstance(message, RoundDone):
             task, attempts = self.running[message.uid]
-            image = EditedImage(data=message.image) if message.image is not None else None
+            image = (EditedImage(data=message.image, original=message.original) if message.image is not None
+                     else None)
             self.store.write_attempt(task, message.attempt, image, message.masks)
             attempts.append(message.attempt)
         elif isinstance(message, TaskDone):

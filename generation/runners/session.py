@@ -21,7 +21,7 @@ from ..costs import Tally, cost_lines, cost_report, rounds_of
 from ..failures import SOURCE_MISSING
 from ..files import atomic_write_json
 from ..pricing import load_prices
-from ..records import DEFAULT_MAX_PIXELS, Task, TaskOutcome
+from ..records import DEFAULT_GEOMETRY, DEFAULT_MAX_PIXELS, Task, TaskOutcome
 from ..rundir import layout
 from ..rundir.signing import SigningCredentials
 from ..rundir.store import RunStore
@@ -43,6 +43,7 @@ class RunOptions:
     quiet: bool = False
     c2pa: SigningCredentials | None = None  # sign every image written (rundir/signing.py); paths only, no key
     pricing: RunPricing | None = None  # price the calls (a paid backend, or --budget): spend, projection, limit
+    geometry: str = DEFAULT_GEOMETRY  # the geometry guard's mode (generation/geometry.py): reject | register | record
 
 
 @dataclass
@@ -68,6 +69,7 @@ class RunSummary:
     budget_reached: bool = False  # the next round did not fit: rounds stopped starting
     unfinished: int = 0  # with budget_reached: this invocation's tasks left unfinished (resumable)
     projected_usd: float | None = None  # what finishing every task of this invocation would have cost in all
+    geometry: Counter = field(default_factory=Counter)  # the geometry guard's actions over all attempt images
 
     def count_finished(self, records) -> None:
         """Add finished task records (journal `record`s) to the statuses, failed attempts, rounds and errors."""
@@ -75,6 +77,8 @@ class RunSummary:
             rounds = record.get("rounds") or []
             self.statuses[record["status"]] += 1
             self.failed_attempts += sum(1 for r in rounds if not r.get("accepted"))
+            self.geometry.update(r["geometry"].get("action") for r in rounds
+                                 if isinstance(r.get("geometry"), dict) and r["geometry"].get("action"))
             if record["status"] == "success":
                 self.success_rounds[record.get("success_round") or len(rounds)] += 1
             if record.get("error"):
@@ -88,7 +92,8 @@ class RunSummary:
                 "success_rounds": {str(k): v for k, v in sorted(self.success_rounds.items())},
                 "error_kinds": dict(self.error_kinds), "api_calls": self.api_calls, "cache_hits": self.cache_hits,
                 "reconciled": {k: v for k, v in sorted(self.reconciled.items()) if v},
-                "seconds": round(self.seconds, 2), **self._money()}
+                "geometry": dict(sorted(self.geometry.items())), "seconds": round(self.seconds, 2),
+                **self._money()}
 
     def _money(self) -> dict:
         out: dict = {"cost": self.cost} if self.cost is not None else {}
@@ -115,6 +120,8 @@ class RunSummary:
                  f"  failed attempts  {d['failed_attempts']} (kept as images and records)",
                  f"  errors           {d['api_failed']} {_kinds(d['error_kinds'])}".rstrip(),
                  f"  success by round {hist}", f"run directory: {self.run_dir}"]
+        if moved := geometry_text(d["geometry"]):
+            lines.insert(-1, f"  frame moved      {moved}")
         if self.api_calls or self.cache_hits:
             lines.insert(-1, f"  API calls        {self.api_calls} (from the request cache: {self.cache_hits})")
         if fixed := reconciled_text(d["reconciled"]):
@@ -145,6 +152,13 @@ def recorded_rounds(store: RunStore) -> list[dict]:
     """Every round the run directory's journal holds: finished tasks' and unfinished tasks' (each once)."""
     rounds = [r for uid, record in store.finished.items() if uid not in store.partial for r in rounds_of(record)]
     return rounds + [r for by_round in store.partial.values() for r in by_round.values()]
+
+
+def geometry_text(actions: dict) -> str:
+    """What the geometry guard did with edits whose frame moved, in words ('' when none moved)."""
+    words = {"rejected": "rejected before the judge", "registered": "warped back onto the source's grid",
+             "recorded": "judged as they came (--geometry record)"}
+    return ", ".join(f"{actions[k]} {text}" for k, text in words.items() if actions.get(k))
 
 
 def reconciled_text(counts: dict) -> str:
@@ -199,7 +213,7 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
 
         signer = ImageSigner(options.c2pa)
     store = RunStore(run_dir, {"max_rounds": options.max_rounds, "accept": options.accept, "seed": options.seed,
-                               **(config or {})}, signer=signer).open()
+                               "geometry": options.geometry, **(config or {})}, signer=signer).open()
     summary = RunSummary(Path(run_dir), reconciled=Counter(store.reconciled))
     if removed := remove_batch_files(run_dir):  # any run, --batch or not: only a live batch run needs them
         summary.reconciled["batch_files"] = removed

@@ -54,11 +54,12 @@ class FakeOpenAI(LocalServer):
         self.writer = backends.create("writer", "simulator")
         self.judge = backends.create("judge", "simulator")
         self.calls: list[Call] = []
+        self.judged: list[tuple[bytes, bytes]] = []  # (source, edit) of every judge request, as received
         self._lock = threading.Lock()
 
     def reset(self, faults=(), *, structured_output: bool = True, think: bool = False, latency: float = 0.0) -> None:
         with self._lock:
-            self.faults, self.calls = parse_faults(faults), []
+            self.faults, self.calls, self.judged = parse_faults(faults), [], []
             self.structured_output, self.think, self.latency = structured_output, think, latency
 
     def count(self, role: str | None = None) -> int:
@@ -95,6 +96,8 @@ class FakeOpenAI(LocalServer):
             instruction = run_coroutine(self.writer.write(task, source, history_from(texts)))
             text = f"Instruction: {instruction.text}"
         else:
+            with self._lock:
+                self.judged.append((images[0], images[1]))
             verdict = run_coroutine(self.judge.judge(task, SourceImage(Path("source.jpeg"), data=images[0]),
                                                      EditedImage(data=images[1]), tagged(texts, "instruction")))
             body = verdict_json(verdict)

@@ -137,7 +137,8 @@ def test_judge_sft_answers_a_verdict_the_pipeline_parser_accepts():
 def test_editor_and_diffusion_converters_give_the_image_editing_columns():
     sft = {**{k: [v] for k, v in IDENTITY.items()}, "instruction": ["Add fluid at the right base."],
            "source_image": [{"bytes": jpeg(1), "path": None}], "edited_image": [{"bytes": jpeg(2), "path": None}],
-           "edit_mask": [None], "region_mask": [None],  # a build without sources: no masks
+           "edit_mask": [None], "region_mask": [None],  # a build without sources: no masks, no alignment
+           "aligned": [None], "shift_px": [None], "scale": [None], "rotation_deg": [None],
            "success_round": [1], **{f: [verdict(True)[f]] for f in VERDICT_FIELDS}}
     edits = convert(datasets.Dataset.from_dict(sft, features=CONFIG_FEATURES["sft"]), to_editor_sft)
     assert edits.column_names == ["original_image", "edit_prompt", "edited_image"]

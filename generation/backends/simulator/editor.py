@@ -4,6 +4,9 @@ Like a real editing model it is seeded and not exact: the realised strength, ext
 vary around what the instruction asks for, placement varies within the region, and stronger edits sometimes
 drift the global tone unless the instruction insists on identical global brightness. Every round edits the
 ORIGINAL source. The result is a JPEG (q95) of the source's size; the realised parameters go in `details`.
+With `drift` (a rate, `generate --simulator-drift`), that share of its edits also moves the frame as real editors
+do (drift.py: a shift, a zoom, or another canvas aspect), recorded in `details["frame_drift"]`; the geometry
+guard (generation/geometry.py) is meant to catch them.
 """
 
 from __future__ import annotations
@@ -15,9 +18,13 @@ import numpy as np
 from ..base import Editor, EditRefused
 from ...raster import encode_mask
 from ...records import EditedImage, SourceImage, Task, encode_jpeg
+from .drift import drifted, random_drift
 from .lesions import apply_ops, build_add, build_remove, make_canvas, spec_for
 from .params import EditParams, parse
 from .truth import DETAILS_KEY, drawn_mask
+
+
+FRAME_STREAM = 0x6E0  # the drift's random stream, beside the edit's own seed
 
 
 def realise(params: EditParams, rng: np.random.Generator, jitter: float = 1.0) -> dict:
@@ -32,15 +39,19 @@ def realise(params: EditParams, rng: np.random.Generator, jitter: float = 1.0) -
 
 
 class SimulatedEditor(Editor):
-    """Procedural, region-aware editor for the 20 targets. `jitter` scales the model-like scatter (0: exact)."""
+    """Procedural, region-aware editor for the 20 targets. `jitter` scales the model-like scatter (0: exact);
+    `drift` is the share of edits whose frame moves (0: none)."""
 
     name = "simulator"
     # IPTC code for the synthetic-content mark: procedural, not a trained model (see generation/provenance.py)
     digital_source_type = "compositeSynthetic"
 
-    def __init__(self, *, jitter: float = 1.0, model: str = "medbanana-simulator-editor-1"):
+    def __init__(self, *, jitter: float = 1.0, model: str = "medbanana-simulator-editor-1", drift: float = 0.0):
+        if not 0 <= drift <= 1:
+            raise ValueError(f"the simulator's drift is a rate between 0 and 1, not {drift!r}")
         self.jitter = jitter
         self.model = model
+        self.drift = drift
 
     async def edit(self, task: Task, source: SourceImage, instruction: str, seed: int) -> EditedImage:
         return await asyncio.to_thread(self.edit_sync, task, source, instruction, seed)
@@ -70,4 +81,11 @@ class SimulatedEditor(Editor):
                    "realised": {k: round(v, 3) if isinstance(v, float) else v for k, v in realised.items()},
                    "global_drift": round(drift, 2), "seed": seed, **ops.facts,
                    DETAILS_KEY: encode_mask(drawn_mask(ops, canvas))}  # the ground truth of the edit's ROI (truth.py)
+        if self.drift:
+            # a stream of its own: the same seed edits alike with and without drift, the frame aside
+            frame = np.random.default_rng([seed, FRAME_STREAM])
+            if frame.random() < self.drift:
+                change = random_drift(frame, (out.shape[1], out.shape[0]))
+                out = drifted(out, change)
+                details["frame_drift"] = change.as_dict()
         return EditedImage(data=encode_jpeg(out, quality=95), model=self.model, details=details)
