@@ -71,9 +71,9 @@ def set_metadata(shard: Path, value: bytes) -> None:
 
 HOSTILE = {  # case -> (how the folder is changed, what the one line says)
     "yaml data_files absolute, own shards gone": (
-        lambda b, f: (retarget_yaml(b, f, False), shutil.rmtree(f / "sft")), "has no sft shards"),
+        lambda b, f: (retarget_yaml(b, f, False), shutil.rmtree(f / "sft")), "has no sft parquet files"),
     "yaml data_files ../, own shards gone": (
-        lambda b, f: (retarget_yaml(b, f, True), shutil.rmtree(f / "sft")), "has no sft shards"),
+        lambda b, f: (retarget_yaml(b, f, True), shutil.rmtree(f / "sft")), "has no sft parquet files"),
     "symlinked shard": (
         lambda b, f: ((f / "sft" / SHARD).unlink(), (f / "sft" / SHARD).symlink_to(b / "outside" / "sft" / SHARD)),
         "is a symbolic link"),

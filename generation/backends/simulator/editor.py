@@ -35,7 +35,7 @@ class SimulatedEditor(Editor):
     """Procedural, region-aware editor for the 20 targets. `jitter` scales the model-like scatter (0: exact)."""
 
     name = "simulator"
-    # IPTC code for the synthetic-content mark: procedural, not a trained model (see generation/provenance.py)
+    # IPTC code for the synthetic-content mark: procedural, not a trained model (see generation/rundir/provenance.py)
     digital_source_type = "compositeSynthetic"
 
     def __init__(self, *, jitter: float = 1.0, model: str = "medbanana-simulator-editor-1"):
