@@ -14,7 +14,7 @@ PACKAGE_DIRS = ("generation", "builder", "loaders", "dpo", "evaluation", "review
 BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "generation.files", "generation.secrets",
         "generation.extras", "generation.failures", "generation.anatomy", "generation.raster",
         "generation.masks", "generation.acceptance", "generation.destinations", "generation.mask_check",
-        "generation.interrupts", "generation.pricing", "generation.costs"}
+        "generation.interrupts", "generation.pricing", "generation.costs", "generation.vocabulary"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,
