@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from conftest import write_jpeg
@@ -25,6 +26,9 @@ OLD_SPELLINGS = [
     (("build", "RUN", "--out", "DS"), "--max-shard-size", "--max-file-size", "1MB", "1MB", "max_file_size"),
     (("prepare", "folders", "ROOT", "--out", "OUT"), "--workers", "--threads", "2", 2, "threads"),
     (("export", "medebench", "DS", "--out", "OUT"), "--workers", "--threads", "2", 2, "threads"),
+    # judge-agreement's --repeats is a count; calibrate's file of repeated verdicts has its own name
+    (("calibrate", "LABELS.csv", "--run", "R", "--target-precision", "0.9", "--out", "P.json"), "--repeats",
+     "--repeated-verdicts", "v.jsonl", Path("v.jsonl"), "repeated_verdicts"),
 ]
 
 
