@@ -179,6 +179,7 @@ def runnable(page: str) -> list[tuple[str, str]]:
     return [(lang, body) for lang, marker, body in blocks(page) if marker == "<!-- test: run -->"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [page for page in PAGES if runnable(page)])
 def test_marked_blocks_run_as_written(page, docs_demo):
     root, _ = docs_demo

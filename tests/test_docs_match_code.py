@@ -86,6 +86,7 @@ def test_every_subcommand_the_docs_show_exists(capsys):
     assert not unknown, f"the docs show commands the CLI does not have: {unknown}"
 
 
+@pytest.mark.slow
 def test_the_loading_builder_docstring_example_runs_as_written(demo_run_root, monkeypatch):
     """The example in medbanana_50k.py, run in a folder holding `demo-run/` as `medbanana demo` leaves it."""
     from medbanana import medbanana_50k

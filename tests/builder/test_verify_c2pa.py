@@ -58,6 +58,7 @@ def mismatched_lines(out: str) -> list[str]:
     return [line.removeprefix("  mismatched: ") for line in out.splitlines() if line.startswith("  mismatched: ")]
 
 
+@pytest.mark.slow
 def test_verify_counts_every_generated_image_valid_and_the_card_names_the_certificate(built, capsys):
     root, keys = built
     assert main(["verify", str(root / "ds"), "--c2pa", "--trust", str(keys.ca), "--workers", "2"]) == 0

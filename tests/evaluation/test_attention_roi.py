@@ -71,6 +71,7 @@ def by_hand(a: np.ndarray, b: np.ndarray) -> float:
     return 1.0 if union == 0 else round(float(np.logical_and(a, b).sum() / union), 4)
 
 
+@pytest.mark.slow
 def test_the_editor_records_its_attention_mask_at_the_source_size(attention_run, chest_sources):
     rounds = recorded_rounds(attention_run)
     assert len(rounds) == 3  # two adds, one remove; one round each

@@ -293,6 +293,7 @@ def _check_pretrained_rows(tmp_path, spec: str) -> None:
     assert "p_edit_raw_pretrained" in header
 
 
+@pytest.mark.slow
 def test_run_directory_all_attempts_gives_accepted_and_rejected_rows(builder_ours_run, tmp_path):
     from medbanana.evaluation.inputs import open_samples
 

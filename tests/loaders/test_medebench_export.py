@@ -117,6 +117,7 @@ def rgb(path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
 
 
+@pytest.mark.slow
 def test_medebench_scripts_read_the_export_and_score_it(demo_dataset, tmp_path, capsys):
     """The demo's dataset as `medbanana demo` builds it (sources attached, so every row has its computed masks)."""
     rows = load_medbanana(demo_dataset, "sft").num_rows

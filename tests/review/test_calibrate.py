@@ -55,6 +55,7 @@ def calibrated(demo_run_root, tmp_path_factory):
     return root, run, sources, answered, json.loads((root / "policy.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_calibration_sample_is_random_stratified_and_says_so(calibrated):
     root, run, _sources, answered, _policy = calibrated
     rows = list(csv.DictReader(open(root / "labels.csv", encoding="utf-8")))
