@@ -102,6 +102,7 @@ def test_worker_processes_compute_the_masks_and_the_parent_only_writes_them(demo
     _assert_masks_as_the_build_computes(run, sources)
 
 
+@pytest.mark.slow
 def test_opening_a_run_removes_masks_no_journal_line_names_and_nothing_else(demo, tmp_path):
     shutil.copytree(demo, tmp_path / "d", symlinks=True)
     run = tmp_path / "d" / "run"
