@@ -136,6 +136,7 @@ def test_the_marker_search_finds_a_marker_inside_the_run_and_links_inside_the_ru
     assert info["unsafe"] == "error" and info["stats"]["refused"]["count"] == 0
 
 
+@pytest.mark.slow
 def test_an_accepted_image_linked_outside_is_refused(run, secret, tmp_path, capsys):
     key, entry = accepted(run)
     image = run / entry["final_image"]

@@ -105,6 +105,7 @@ def half_edit_masks(config_dir) -> None:
         pq.write_table(table.set_column(index, field, pa.array(masks, type=field.type)), path)
 
 
+@pytest.mark.slow
 def test_eval_scores_the_recorded_mask_against_the_datasets_edit_mask(attention_run, chest_sources, tmp_path,
                                                                       capsys):
     dataset = tmp_path / "dataset"

@@ -76,6 +76,7 @@ def test_every_image_is_signed_valid_and_trusted_with_the_ca(signed, keys):
     assert made["source_sha256"] in source_hashes
 
 
+@pytest.mark.slow
 def test_one_changed_pixel_is_invalid_a_stripped_manifest_missing_another_ca_untrusted(signed, keys, tmp_path):
     _, run = signed
     data = next(iter(run_images(run).values()))
@@ -86,6 +87,7 @@ def test_one_changed_pixel_is_invalid_a_stripped_manifest_missing_another_ca_unt
     assert reader_state(data, other.ca.read_bytes()) == ("Valid", {"signingCredential.untrusted"})
 
 
+@pytest.mark.slow
 def test_no_key_material_in_the_run_or_the_dataset(signed, keys, tmp_path):
     _, run = signed
     assert main(["build", str(run), "--out", str(tmp_path / "ds"), "-q"]) == 0
@@ -105,6 +107,7 @@ def test_no_key_material_in_the_run_or_the_dataset(signed, keys, tmp_path):
                 assert str(keys.key).encode() not in content, path  # not even where the key lives
 
 
+@pytest.mark.slow
 def test_resuming_with_another_certificate_or_none_is_refused(signed, keys, tmp_path, capsys):
     sources, run = signed
     other = make_keys(tmp_path / "other")
