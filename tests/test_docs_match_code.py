@@ -111,7 +111,7 @@ FILE_SUFFIXES = {"py", "md", "json", "jsonl", "sqlite", "csv", "txt", "png", "jp
                  "toml", "html", "js", "sbatch", "lock"}
 FOREIGN_FILES = {"evaluate_gpt4o.py", "traditional_metrics_eval.py",  # MedEBench's scripts, which export feeds
                  "src/eval_metrics/traditional_metrics_eval.py"}
-SKIPPED = {".venv", ".pp", ".git", "tests", "site"}
+SKIPPED = {".venv", ".pp", ".git", "tests", "site", "build", "dist"}  # site, build, dist: what mkdocs and pip leave
 
 
 def package_sources() -> list[Path]:
@@ -284,7 +284,7 @@ def unknown_words(text: str) -> set[str]:
 @cache
 def repository_files() -> tuple[str, ...]:
     return tuple(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")
-                 if not {".venv", ".pp", ".git"} & set(p.relative_to(ROOT).parts))
+                 if not (SKIPPED - {"tests"}) & set(p.relative_to(ROOT).parts))
 
 
 def unresolved_files(text: str) -> set[str]:
