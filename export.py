@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from .generation.vocabulary import old_spelling
+
 
 def register(sub) -> None:
     export = sub.add_parser(
@@ -40,8 +42,10 @@ def register(sub) -> None:
                            help="source images for a dataset built without them (as `build --source-images`)")
     medebench.add_argument("--force", action="store_true",
                            help="write into a non-empty --out, replacing its editing/ folder")
-    medebench.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
-                           help="threads encoding the PNGs, the export's main cost (default: one per CPU, at most 4)")
+    threads = medebench.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+                                     help="threads encoding the PNGs, the export's main cost (default: one per CPU, "
+                                          "at most 4)")
+    old_spelling(medebench, threads, "--workers")
     medebench.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     medebench.set_defaults(func=run_medebench)
 
@@ -62,7 +66,7 @@ def run_medebench(args) -> int:
 
     try:
         summary = export_medebench(args.dataset, args.out, split=args.split, source_images=args.source_images,
-                                   force=args.force, workers=args.workers, progress=progress)
+                                   force=args.force, workers=args.threads, progress=progress)
     except BuildError as exc:  # a refused --out: one line, as `build` says it
         print(f"medbanana export: error: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ datasets 4+ no longer runs loading scripts from a folder or the Hub, so this bui
     ds = builder.as_dataset(split="train")
 
 `data_dir` is a run directory in any layout `medbanana build` reads; `test_fraction=` and `source_images=` work
-as the build options of the same names. For publishing, use `medbanana build` (parquet shards + card) instead.
+as the build options of the same names. For publishing, use `medbanana build` (parquet files + card) instead.
 """
 
 from __future__ import annotations

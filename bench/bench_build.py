@@ -14,7 +14,7 @@ Targets (issue 4): images-once throughput >= 0.8x cp, peak RSS <= 512 MB.
 
 Part 2 writes JSON only for --metadata-tasks tasks with --text-words sized texts (about 800 MB at the defaults)
 and times reading every unit and pairing: discovery, JSON decoding, task records, DPO pairs and statistics, in one
-process and in --metadata-num-proc spawned workers planned as the build plans them, each importing what a build
+process and in --metadata-workers spawned worker processes planned as the build plans them, each importing what a build
 worker imports. Targets (issue 18): worker start-up < 1 s, failure-reason clauses < 1 s, end to end < 3 s.
 """
 
@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from medbanana.generation.vocabulary import old_spelling
 
 ATTEMPTS_PER_TASK = 3.15  # expected attempts per task of synthetic_run's outcome model
 FOLDERS = 6  # 3 datasets x 2 directions
@@ -110,10 +112,10 @@ def bench_build(args, work: Path) -> None:
     print(f"cp -r (cold cache): {cp_seconds:.1f} s, {cp_rate:,.0f} MB/s of images")
     for label, configs in (("images once (sft,failed)", "sft,failed"),
                            ("all configs", "sft,failed,dpo_pairs,conversations,judge")):
-        r = time_build(run, work, configs, args.num_proc)
+        r = time_build(run, work, configs, args.workers)
         read_rate = r["read_bytes"] / 1e6 / r["seconds"]
         write_rate = r["written_bytes"] / 1e6 / r["seconds"]
-        print(f"build {label}, num_proc {args.num_proc}: {r['seconds']:.1f} s ({r['wall_seconds']:.1f} s with "
+        print(f"build {label}, --workers {args.workers}: {r['seconds']:.1f} s ({r['wall_seconds']:.1f} s with "
               f"start-up), {r['rows'] / r['seconds']:,.0f} rows/s, "
               f"read {read_rate:,.0f} MB/s ({read_rate / cp_rate:.2f}x cp), wrote {r['written_bytes'] / 1e6:,.0f} MB "
               f"at {write_rate:,.0f} MB/s ({write_rate / cp_rate:.2f}x cp), peak RSS {r['peak_rss_mb']:,.0f} MB")
@@ -175,7 +177,7 @@ def bench_metadata(args, work: Path) -> None:
     print(f"metadata run: {json_mb:,.0f} MB of all_conversations.json, "
           + (f"{per_folder * FOLDERS:,} tasks made in {time.perf_counter() - t:.0f} s" if made
              else f"reused from {run}"))
-    for num_proc in sorted({1, args.metadata_num_proc}):
+    for num_proc in sorted({1, args.metadata_workers}):
         for label in ("cold cache", *["warm cache"] * args.metadata_repeat):
             if label == "cold cache":
                 drop_cache(run)
@@ -199,11 +201,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attempts", type=int, default=20_000, help="attempt images in the synthetic run")
     parser.add_argument("--image-kb", type=int, default=75, help="approximate size of each JPEG")
-    parser.add_argument("--num-proc", type=int, default=1, help="build worker processes")
+    old_spelling(parser, parser.add_argument("--workers", type=int, default=1, help="build worker processes"),
+                 "--num-proc")
     parser.add_argument("--metadata-tasks", type=int, default=88_457, help="tasks in the metadata benchmark")
     parser.add_argument("--text-words", type=int, default=26,
                         help="words per reason; thinking texts are 4x (26: ~800 MB for 88,457 tasks)")
-    parser.add_argument("--metadata-num-proc", type=int, default=2, help="also time the metadata pass with N workers")
+    old_spelling(parser, parser.add_argument("--metadata-workers", type=int, default=2,
+                                             help="also time the metadata pass with N worker processes"),
+                 "--metadata-num-proc")
     parser.add_argument("--metadata-repeat", type=int, default=1,
                         help="time the warm-cache pass this many times (a range on a shared machine)")
     parser.add_argument("--metadata-run", type=Path,

@@ -59,7 +59,7 @@ def parse_size(text: str | int) -> int:
     except ValueError:
         raise BuildError(f"not a size: {text!r} (use e.g. 500MB, 1GB or a number of bytes)") from None
     if size <= 0:
-        raise BuildError(f"the shard size must be positive, not {text!r}")
+        raise BuildError(f"the largest parquet file size (--max-file-size) must be positive, not {text!r}")
     return size
 
 
@@ -75,7 +75,7 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
     reasons left out with review_reasons="drop"). `accept`: a rule or a POLICY.json (`medbanana calibrate`) that
     re-decides every task from its recorded verdicts (builder/acceptance.py). Raises
     BuildError, before anything is written, for an `out` holding anything a build does not write or an input run
-    (or inside one), and generation.lock.LockHeld when another process writes an input run or builds `out`."""
+    (or inside one), and generation.rundir.lock.LockHeld when another process writes an input run or builds `out`."""
     configs = tuple(configs)
     unknown = [c for c in configs if c not in CONFIG_NAMES]
     if unknown or not configs:
@@ -84,7 +84,7 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
     if not 0 <= test_fraction < 1:
         raise BuildError(f"--test-fraction must be in [0, 1), not {test_fraction}")
     if num_proc < 1:
-        raise BuildError("--num-proc must be at least 1")
+        raise BuildError("--workers (num_proc) must be at least 1")
     if unsafe not in POLICIES:
         raise BuildError(f"--unsafe must be one of {', '.join(POLICIES)}, not {unsafe!r}")
     max_shard_bytes = parse_size(max_shard_size)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from . import CONFIG_NAMES
+from ..generation.vocabulary import old_spelling
 from .safety import POLICIES
 
 
@@ -15,7 +16,7 @@ def register(subparsers) -> None:
         "build", help="build a Hugging Face dataset folder from run directories",
         description="Read one or more run directories (ours, or released Med-Banana data in the original scripts' "
                     "layout, or a records.jsonl of the paper's §5.2 schema) and write a dataset folder: parquet "
-                    f"shards for the configs {', '.join(CONFIG_NAMES)}, README.md with YAML `configs:` and real "
+                    f"files for the configs {', '.join(CONFIG_NAMES)}, README.md with YAML `configs:` and real "
                     "statistics, medbanana-build.json and a SHA256SUMS manifest. Load it with "
                     "datasets.load_dataset(FOLDER, CONFIG).")
     build.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
@@ -31,9 +32,11 @@ def register(subparsers) -> None:
     build.add_argument("--test-fraction", type=float, default=0.0, metavar="F",
                        help="put about this fraction of source images (and all their tasks) in a `test` split "
                             "(default 0: train only)")
-    build.add_argument("--max-shard-size", default="500MB", metavar="SIZE",
-                       help="largest parquet shard, e.g. 500MB or 1GB (default 500MB)")
-    build.add_argument("--num-proc", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    old_spelling(build, build.add_argument("--max-file-size", default="500MB", metavar="SIZE",
+                                           help="largest parquet file, e.g. 500MB or 1GB (default 500MB)"),
+                 "--max-shard-size")
+    old_spelling(build, build.add_argument("--workers", type=int, default=1, metavar="N",
+                                           help="processes writing the parquet files (default 1)"), "--num-proc")
     build.add_argument("--configs", default=",".join(CONFIG_NAMES), metavar="LIST",
                        help="comma-separated configs to build (default: all five)")
     build.add_argument("--unsafe", choices=POLICIES, default="error",
@@ -108,7 +111,7 @@ def run_build(args) -> int:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     try:
         info = build(args.run_dirs, args.out, configs=configs, test_fraction=args.test_fraction,
-                     max_shard_size=args.max_shard_size, num_proc=args.num_proc,
+                     max_shard_size=args.max_file_size, num_proc=args.workers,
                      source_images=args.source_images, quiet=args.quiet, unsafe=args.unsafe,
                      reviews=args.reviews, review_reasons=args.review_reasons, accept=args.accept)
     except BuildError as exc:

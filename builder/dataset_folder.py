@@ -73,7 +73,7 @@ def shard_files(folder: Path, config: str, columns) -> dict[str, list[str]]:
         path = where / entry.name
         if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
             raise Unreadable(f"{path} is {'a symbolic link' if entry.is_symlink() else 'not a regular file'}: a "
-                             "dataset folder's shards must be regular files inside it")
+                             "dataset folder's parquet files must be regular files inside it")
         if not _SPLIT.fullmatch(match["split"]):
             raise Unreadable(f"{path}: {match['split']!r} is not a split name (letters, digits and _)")
         check_shard(path, columns)
@@ -88,12 +88,12 @@ def check_shard(path: Path, columns) -> None:
     import datasets
     import pyarrow.parquet as pq
 
-    footer = _read_regular(path, 8, "a shard", tail=True)
+    footer = _read_regular(path, 8, "a parquet file", tail=True)
     if len(footer) < 8 or footer[4:] != b"PAR1":
         raise Unreadable(f"{path} is not a parquet file (no PAR1 footer)")
     if int.from_bytes(footer[:4], "little") > MAX_FOOTER_BYTES:
         raise Unreadable(f"{path}: its parquet footer is {int.from_bytes(footer[:4], 'little'):,} bytes, more than "
-                         f"the {MAX_FOOTER_BYTES:,} a shard of `medbanana build` can have")
+                         f"the {MAX_FOOTER_BYTES:,} a parquet file of `medbanana build` can have")
     try:
         schema = pq.read_schema(path)
         datasets.Features.from_arrow_schema(schema)
@@ -103,8 +103,8 @@ def check_shard(path: Path, columns) -> None:
             from None
     missing = sorted(set(columns) - set(schema.names))
     if missing:
-        raise Unreadable(f"{path} lacks the columns {missing}: not a medbanana shard, or one written by an older "
-                         "medbanana; rebuild it with `medbanana build`")
+        raise Unreadable(f"{path} lacks the columns {missing}: not a medbanana parquet file, or one written by an "
+                         "older medbanana; rebuild it with `medbanana build`")
 
 
 def _read_regular(path: Path, most: int, what: str, tail: bool = False) -> bytes:

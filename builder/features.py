@@ -22,7 +22,7 @@ IDENTITY = {
     "dataset": Value("string"),  # source dataset folder name {D}
     "modality": Value("string"),  # chest_xray | brain_mri | fundus
     "disease": Value("string"),  # released folder name of the target, e.g. Pleural_Effusion
-    "task": Value("string"),  # add | remove
+    "task": Value("string"),  # the direction, add | remove (the released column name; docs/concepts.md)
     "source_path": Value("string"),  # source image path relative to the sources root, when the run recorded it
 }
 

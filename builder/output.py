@@ -75,7 +75,7 @@ class BuildError(Exception):
 @contextmanager
 def output_lock(out: Path, *, shared: bool = False):
     """Hold the lock of the build folder `out` (a file beside it, removed when the build ends): exclusive to build
-    it, shared to read it (e.g. to upload it). Raises generation.lock.LockHeld at once when another process holds
+    it, shared to read it (e.g. to upload it). Raises generation.rundir.lock.LockHeld at once when another process holds
     it in a conflicting way."""
     out = Path(out).resolve()
     with hold_lock(out, f"--out {out.name}, built and published by a rename", shared=shared, beside=True) as lock:

@@ -12,10 +12,10 @@ Four inputs give the same `TaskRecord`s:
   * an image-only release folder (`<Prefix>-edit/<Disease>/<stem>-<Disease>-edit.jpeg`, no JSON): accepted
     edits only, without instructions or verdicts.
 
-Images are always found by the layout (`generation.layout`), never by the absolute `final_image_path` of the
-machine that made the run. JSON is decoded with msgspec into the Structs of `run_schema` (about five times
-faster than `json` on these files, and only the fields used are kept); `run_json` reads the files, `run_readers`
-turns entries into records.
+Images are always found by the layout (`generation.rundir.layout`), never by the absolute `final_image_path` of
+the machine that made the run. JSON is decoded with msgspec into the Structs of `generation.rundir.schema` (about
+five times faster than `json` on these files, and only the fields used are kept); `run_json` reads the files,
+`run_readers` turns entries into records.
 
 Nothing is read from outside the folder the user named: folders, JSON files and image-only listings found here,
 and every image path an entry implies, go through `layout.inside` (via `safety`); an input that fails is a
@@ -48,7 +48,7 @@ RECORDS_JSONL = "records.jsonl"
 class AttemptRecord(msgspec.Struct, gc=False):
     round: int | None  # None for image-only releases, where the round is not known
     instruction: str | None
-    writer_thinking_json: msgspec.Raw | None = None  # decoded on use (see run_schema)
+    writer_thinking_json: msgspec.Raw | None = None  # decoded on use (see generation/rundir/schema.py)
     edit_error: str | None = None  # set when the editor produced no image this round
     verdict: schema.Verification | None = None  # as the judge answered; `records.verdict_values` normalises it
     judge_thinking_json: msgspec.Raw | None = None

@@ -1,7 +1,7 @@
 """What `medbanana build` refuses to read or embed, and how a refusal is told.
 
 Every path named by data (run JSON, a records file, an image-only folder's listing, a source lookup) goes through
-`generation.layout.inside`, the one containment rule; every image file must be a JPEG or PNG whose header Pillow
+`generation.rundir.layout.inside`, the one containment rule; every image file must be a JPEG or PNG whose header Pillow
 reads before its bytes go into parquet. A refusal is a `Refused` (a ValueError) whose message names the file, what
 named it (JSON file, entry, round) and the reason; the build's `--unsafe` policy decides whether it stops the build
 or leaves the task out and lists the refusal in the build's statistics.

@@ -9,7 +9,7 @@
     4  generate: a process of the run died (a --workers child, a Ray shard after its retries; runners/processes.py).
     5  generate: the --budget was reached: no more rounds started, finished work is kept; the same command with a
        higher --budget goes on (runners/budget.py).
-   75  another process holds the run directory's or output folder's lock (generation/lock.py); try again later.
+   75  another process holds the run directory's or output folder's lock (generation/rundir/lock.py); try again later.
   130  interrupted (Ctrl-C); finished work is kept.
 (`verify` has its own: 1 when a file does not match.)
 

@@ -49,8 +49,9 @@ METHOD = (f"grey at {WORK_SIDE} px; phase correlation of {BLOCKS}x{BLOCKS} half-
           f"Fourier-Mellin (log-polar magnitude spectra at {FM_SIDE} px) when the blocks disagree; tolerances at "
           f"{REFERENCE_SIDE} px: {SHIFT_TOLERANCE:g} px, {SCALE_TOLERANCE:.0%} per axis, {ROTATION_TOLERANCE:g} deg")
 GUARD_MODEL = "medbanana-geometry-guard"  # the model named by the verdict of an edit rejected for its frame
-# what the guard did with an edit (a round's `geometry.action`): its frame was within tolerance; it was warped back
-# onto the source's grid; rejected before the judge; judged as it came (--geometry record); not measurable
+# what the guard did with an edit (the `action` of a round's `geometry` record): its frame was within tolerance; it
+# was warped back onto the source's grid; rejected before the judge; judged as it came (--geometry record); not
+# measurable
 ACTIONS = ("kept", "registered", "rejected", "recorded", "unmeasured")
 
 

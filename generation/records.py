@@ -1,6 +1,6 @@
 """Plain records passed between stages: tasks, instructions, edits, verdicts, attempts and task outcomes.
 
-`Attempt.to_round_json()` / `TaskOutcome.to_conversation_json()` write the original scripts' JSON shapes
+`Attempt.to_round_json()` and `rundir.store.conversation_record()` write the original scripts' JSON shapes
 (see ARCHITECTURE.md, "Run directory"), plus our extra fields; nothing of the original is dropped.
 """
 

@@ -115,7 +115,7 @@ def _load_folder(folder: Path, config: str, split, streaming: bool, load_kwargs:
     """A local folder's config from its own shards alone (builder/dataset_folder.py): the card is checked, never
     followed."""
     if "data_files" in load_kwargs:
-        raise ValueError("load_medbanana reads a dataset folder's own shards: pass split=, not data_files=")
+        raise ValueError("load_medbanana reads a dataset folder's own parquet files: pass split=, not data_files=")
     _check_built_folder(folder)
     read_card(folder)
     files = shard_files(folder, config, CONFIG_FEATURES[config])
@@ -123,14 +123,14 @@ def _load_folder(folder: Path, config: str, split, streaming: bool, load_kwargs:
         if config == REVIEW_CONFIG:
             raise ValueError(f"{folder} has no {config} config: build it with `medbanana build ... --reviews "
                              "REVIEW_DIR` (answers of `medbanana review`)")
-        raise ValueError(f"{folder} has no {config} shards ({config}/<split>-00000-of-0000n.parquet): not a folder "
-                         "written by `medbanana build`, or one built without that config")
+        raise ValueError(f"{folder} has no {config} parquet files ({config}/<split>-00000-of-0000n.parquet): not a "
+                         "folder written by `medbanana build`, or one built without that config")
     if split is not None and split not in files:
         raise ValueError(f"{folder} has no {split!r} split of {config} (it has {', '.join(sorted(files))})")
     try:  # the parquet builder: no card, no `.huggingface.yaml`, no `dataset_infos.json` takes part
         return datasets.load_dataset("parquet", data_files=files, split=split, streaming=streaming, **load_kwargs)
     except datasets.exceptions.DatasetsError as exc:  # e.g. shards whose schemas disagree
-        raise ValueError(f"{folder / config}: its shards cannot be loaded together ({exc})") from None
+        raise ValueError(f"{folder / config}: its parquet files cannot be loaded together ({exc})") from None
 
 
 def _check_built_folder(folder: Path) -> None:

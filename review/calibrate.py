@@ -280,7 +280,7 @@ def read_repeats(path: Path) -> dict[str, list[dict]]:
     """`judge-agreement --repeats K`'s verdicts.jsonl: id -> its repeated verdicts' booleans."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--repeats: not found: {path} (the verdicts.jsonl `medbanana judge-agreement "
+        raise FileNotFoundError(f"--repeated-verdicts: not found: {path} (the verdicts.jsonl `medbanana judge-agreement "
                                 "--repeats K` writes)")
     found: dict[str, list[dict]] = {}
     for line_no, line in enumerate(path.open(encoding="utf-8"), 1):

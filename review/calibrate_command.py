@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..generation.files import atomic_write_text
+from ..generation.vocabulary import old_spelling
 
 DEFAULT_DELTA = 0.1
 DEFAULT_BOOTSTRAP = 2000
@@ -78,9 +79,9 @@ def register(subparsers) -> None:
     p.add_argument("--band", type=_count, default=1, metavar="K",
                    help="undecided edits: those the K rules either side of the chosen one decide otherwise "
                         "(default 1)")
-    p.add_argument("--repeats", type=Path, metavar="verdicts.jsonl",
-                   help="`judge-agreement --repeats K`'s verdicts.jsonl: edits whose repeats the rule decides "
-                        "differently are undecided too")
+    old_spelling(p, p.add_argument("--repeated-verdicts", type=Path, metavar="verdicts.jsonl",
+                                   help="`judge-agreement --repeats K`'s verdicts.jsonl: edits whose repeats the "
+                                        "rule decides differently are undecided too"), "--repeats")
     p.add_argument("--bootstrap", type=_count, default=DEFAULT_BOOTSTRAP, metavar="N",
                    help=f"bootstrap resamples for kappa's interval (default {DEFAULT_BOOTSTRAP})")
     p.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
@@ -96,7 +97,7 @@ def run_calibrate(args) -> int:
     if not labels:
         raise ValueError(f"{args.labels}: no labelled edit")
     tasks = judged_tasks(source)
-    repeats = read_repeats(args.repeats) if args.repeats else None
+    repeats = read_repeats(args.repeated_verdicts) if args.repeated_verdicts else None
     policy = calibrate(tasks, labels, target=args.target_precision, delta=args.delta, family=args.rule,
                        per_modality=args.per_modality, band=args.band, repeats=repeats, bootstrap=args.bootstrap,
                        seed=args.seed)

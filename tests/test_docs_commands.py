@@ -179,6 +179,7 @@ def runnable(page: str) -> list[tuple[str, str]]:
     return [(lang, body) for lang, marker, body in blocks(page) if marker == "<!-- test: run -->"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [page for page in PAGES if runnable(page)])
 def test_marked_blocks_run_as_written(page, docs_demo):
     root, _ = docs_demo
@@ -191,6 +192,7 @@ def test_marked_blocks_run_as_written(page, docs_demo):
         assert "Traceback" not in done.stderr, f"{page}:\n{body}\n{done.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 def test_the_demo_prints_what_the_readme_shows(docs_demo):
     _, printed = docs_demo
     (shown,) = [body for _, marker, body in blocks("README.md") if marker == "<!-- test: demo output -->"]
@@ -199,6 +201,7 @@ def test_the_demo_prints_what_the_readme_shows(docs_demo):
     assert seconds.sub("in … s", printed).strip() == seconds.sub("in … s", shown).strip()
 
 
+@pytest.mark.slow
 def test_the_readme_picture_is_the_one_a_fresh_demo_gives(docs_demo):
     root, _ = docs_demo
     sys.path.insert(0, str(ROOT / "docs"))

@@ -62,6 +62,7 @@ COMMANDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("modules, extra, argv", COMMANDS, ids=[f"{c[2][0] if c[2][0] != '-m' else c[2][1]}"
                                                                   f"-without-{c[0]}" for c in COMMANDS])
 def test_a_missing_extra_is_one_line_naming_it(demo, tmp_path, modules, extra, argv):

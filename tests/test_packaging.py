@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 import zipfile
+
+import pytest
 from paths import ROOT
 
 
@@ -29,6 +31,7 @@ def test_readme_has_the_users_setup_and_the_contributors_tests_apart_and_ci_runs
     assert ci_lines[-1].strip() == tests
 
 
+@pytest.mark.slow
 def test_wheel_installs_under_the_medbanana_namespace_only(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(ROOT)],
                    check=True, cwd=tmp_path)

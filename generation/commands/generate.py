@@ -52,7 +52,7 @@ def _generate(args, out: Path) -> int:
     # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     sources = args.sources
-    if args.retry_failed:  # the run's recorded selection is used, and checked against any given (pipeline.py)
+    if args.retry_failed:  # the run's recorded selection is used, checked against any given (runners/generate.py)
         recorded = run_config(out)
         if sources is None and recorded.get("sources_root") is None:  # else confirm.py asks for the recorded one
             print(f"medbanana generate: {Path(out) / layout.RUN_CONFIG} records no sources folder "
@@ -275,23 +275,23 @@ def register(sub) -> None:
                         "number of tasks; 1 with --batch or a diffusers editor")
     g = p.add_argument_group(
         "several machines (Ray; pip install 'medbanana[ray]')",
-        "--executor ray runs --shards N parts of the run as Ray tasks, each into its own run directory "
-        "OUT/medbanana-shards/i-of-N/ (storage every node sees), then merges them into OUT. A task whose worker "
-        "dies is retried by Ray and resumes from its shard's journal; rerunning the same command resumes the "
-        "whole job. A local cluster started for the run inherits this shell's environment; the nodes of a cluster "
-        "you join need the API key in their own: keys are never sent through Ray. On a scheduler without Ray, use "
-        "--shard i/N per job and `medbanana merge`.")
+        "--executor ray runs the run's tasks as --shards N shards (parts of the tasks, as --shard i/N), each on "
+        "the cluster into its own run directory OUT/medbanana-shards/i-of-N/ (storage every node sees), then merges "
+        "them into OUT. A shard whose worker dies is retried by Ray and resumes from its journal; rerunning the same "
+        "command resumes the whole job. A local cluster started for the run inherits this shell's environment; the "
+        "nodes of a cluster you join need the API key in their own: keys are never sent through Ray. On a scheduler "
+        "without Ray, use --shard i/N per job and `medbanana merge`.")
     g.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where the run's tasks run: this machine (default) or a Ray cluster")
     g.add_argument("--shards", type=_count, metavar="N",
-                   help="--executor ray: parts of the run, one Ray task each (default: as many as under OUT from "
-                        "an earlier submission, else one per slot of the cluster)")
+                   help="--executor ray: how many shards (parts of the tasks) to run on the cluster (default: as "
+                        "many as under OUT from an earlier submission, else one per slot of the cluster)")
     g.add_argument("--ray-address", metavar="auto|HOST:PORT",
                    help="--executor ray: the cluster to join; 'auto' finds the one this node is part of (default: "
                         "$RAY_ADDRESS, else a new local cluster started for this run, never one `ray start` left "
                         "running)")
     g.add_argument("--ray-gpus-per-shard", type=float, default=0, metavar="G",
-                   help="--executor ray: GPUs each shard task reserves (default 0, none; a diffusers editor "
+                   help="--executor ray: GPUs each shard reserves (default 0, none; a diffusers editor "
                         "wants 1). Each shard also reserves as many CPUs as --workers")
     g = p.add_argument_group(
         "signed provenance (C2PA Content Credentials; pip install 'medbanana[c2pa]')",

@@ -18,6 +18,7 @@ from ..sources.adapters import ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, Pre
 from ..sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare
 from ..sources.preprocess import ASPECTS, ImageOptions
 from ..taxonomy import load_taxonomy
+from ..vocabulary import old_spelling
 
 HELP = """\
 Turn a downloaded dataset into the generator's source layout, OUT/{D}/normal/*.jpeg and OUT/{D}/{Disease}/*.jpeg:
@@ -94,7 +95,9 @@ def register(subparsers) -> None:
                    help=f"skip images with more pixels than this, read from the header before decoding (default "
                         f"{DEFAULT_MAX_PIXELS}, as `generate --max-pixels`; Pillow itself refuses more than twice "
                         "its default)")
-    g.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="decode/encode threads")
+    threads = g.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+                             help="threads decoding and encoding the images (default: one per CPU, at most 4)")
+    old_spelling(g, threads, "--workers")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_prepare)
 
@@ -106,7 +109,7 @@ def cmd_prepare(args) -> int:
     image = ImageOptions(size=args.size, aspect=args.aspect, quality=args.quality, min_side=args.min_side,
                          max_pixels=args.max_pixels)
     opts = PrepareOptions(image=image, per_class=args.per_class, seed=args.seed, classes=tuple(args.classes),
-                          workers=args.workers, quiet=args.quiet, data_use=args.data_use, licence=args.licence)
+                          workers=args.threads, quiet=args.quiet, data_use=args.data_use, licence=args.licence)
     try:
         sections = prepare(args.kind, args.root, args.out, adapter_opts, opts)
     except PrepareError as exc:

@@ -109,7 +109,7 @@ def _edited(where: str, at: str, rnd: Round) -> bool:
 
 
 def check_round_line(where: str, line: RoundLine) -> None:
-    """A `round` line as the store writes it (`store.journal_attempt`), or ValueError naming the field: its uid is
+    """A `round` line as the store writes it (`RunStore.journal_attempt`), or ValueError naming the field: its uid is
     a task's (`{dataset}/{direction}/{key}`, plain names), its round a number from 1, `accepted` true or false, and
     its image the path the layout gives for its task and round (empty when the edit gave none)."""
     parts = line.uid.split("/")

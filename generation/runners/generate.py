@@ -111,7 +111,7 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
              announce: Callable[[dict, Plan | None], None] | None = None) -> RunSummary:
     """Run every selected task; `batch` (options of batch.run_batch, e.g. poll_interval) uses the Batch API.
 
-    Backends come from `spec`, or from `backend` / `roles` / `backend_options`; `options.workers` > 1 (which
+    Backends come from `spec`, or from `backend` / `roles` / `backend_options`; `RunOptions.workers` > 1 (which
     needs a spec) spreads the tasks over that many processes. A paid backend's calls are priced with `prices` (the
     shipped table by default): spend and projection on the progress bar, and `budget` USD never passed
     (budget.py). `announce(backends, plan)` is called once the run directory is opened, before any call: the

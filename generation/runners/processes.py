@@ -331,7 +331,7 @@ class _Pool:
 
 def run_in_workers(tasks: list[Task], run_dir: Path, spec, options: RunOptions,
                    config: dict | None = None, on_open=None) -> RunSummary:
-    """Like `local.run`, with the calls made by `options.workers` processes (see the module docstring)."""
+    """Like `local.run`, with the calls made by `RunOptions.workers` processes (see the module docstring)."""
     with RunSession(tasks, run_dir, options, config, on_open) as session:
         pool = _Pool(session, spec, Path(run_dir), options)
         try:

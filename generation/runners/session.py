@@ -3,7 +3,7 @@
 `RunSession` opens the run directory (lock, replay, reconcile) and picks this invocation's tasks, shows the
 progress bar, journals each outcome and materialises the JSON files now and then, closes the backends' clients,
 and at the end counts what finished and writes the stats file; on any way out it releases the directory. The
-local, the worker-process and the Batch runner differ only in how they get outcomes for `session.todo`.
+local, the worker-process and the Batch runner differ only in how they get outcomes for `RunSession.todo`.
 """
 
 from __future__ import annotations

@@ -136,6 +136,7 @@ def test_the_marker_search_finds_a_marker_inside_the_run_and_links_inside_the_ru
     assert info["unsafe"] == "error" and info["stats"]["refused"]["count"] == 0
 
 
+@pytest.mark.slow
 def test_an_accepted_image_linked_outside_is_refused(run, secret, tmp_path, capsys):
     key, entry = accepted(run)
     image = run / entry["final_image"]
@@ -148,9 +149,9 @@ def test_an_accepted_image_linked_outside_is_refused(run, secret, tmp_path, caps
     assert_skipped(code, out, entry["final_image"], repr(key))
     uids = [v for v in parquet_values(out) if isinstance(v, str) and v == entry["uid"]]
     assert not uids  # the task gives no row in any config
-    code, err, out = build(tmp_path, capsys, run, "--num-proc", "2", out="parallel")  # told from a worker
+    code, err, out = build(tmp_path, capsys, run, "--workers", "2", out="parallel")  # told from a worker
     assert_refused(code, err, out, entry["final_image"], repr(key), "outside")
-    code, err, out = build(tmp_path, capsys, run, "--num-proc", "2", "--unsafe", "skip", out="parallel-skipped")
+    code, err, out = build(tmp_path, capsys, run, "--workers", "2", "--unsafe", "skip", out="parallel-skipped")
     assert_skipped(code, out, entry["final_image"], repr(key))
 
 

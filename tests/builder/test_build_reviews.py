@@ -45,6 +45,7 @@ def reviewed(demo_run_root, tmp_path_factory):
     return out, rubric, realism, given
 
 
+@pytest.mark.slow
 def test_every_answer_is_one_row_tied_to_its_judged_attempt(reviewed):
     out, rubric, realism, given = reviewed
     rows = load_medbanana(out, "human_review", split="train").to_list()
@@ -113,6 +114,7 @@ def test_review_reasons_drop_leaves_the_free_text_out(reviewed, demo_run_root, t
     assert any(answer.reason for answers in given.values() for _, answer in answers)  # there were reasons to drop
 
 
+@pytest.mark.slow
 def test_build_reads_a_review_folder_without_the_review_stage(reviewed, demo_run_root, tmp_path):
     """The builder reads a review through its own read contract (builder/review_folder.py): with the review stage's
     store absent from the process (`sys.modules[name] = None`), `medbanana build --reviews` gives the same rows."""

@@ -180,6 +180,7 @@ def test_attach_sources_matching_no_row_is_an_error_and_a_partial_match_is_count
 
 # --- item 1: one writer per folder (build and eval), a real second process -----------------------------------
 
+@pytest.mark.slow
 def test_a_build_is_refused_while_another_process_builds_the_same_out(earlier, run, tmp_path):
     from medbanana.builder.output import output_lock
 

@@ -55,6 +55,7 @@ def _beside(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["before-aside", "after-aside"])
 def test_a_build_killed_while_swapping_leaves_a_whole_out_and_the_next_build_cleans_up(
         builder_original_run, tmp_path, point):
@@ -71,6 +72,7 @@ def test_a_build_killed_while_swapping_leaves_a_whole_out_and_the_next_build_cle
     assert _beside(out) == []  # no staging folder, no previous build, no lock file
 
 
+@pytest.mark.slow
 def test_without_an_exchange_a_kill_between_the_renames_is_repaired_by_the_next_build(builder_original_run,
                                                                                        tmp_path):
     out = tmp_path / "ds"

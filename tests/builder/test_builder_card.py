@@ -85,13 +85,13 @@ def test_cli_build_help_and_handler(builder_original_run, tmp_path, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["build", "--help"])
     text = capsys.readouterr().out
-    for option in ("--out", "--source-images", "--test-fraction", "--max-shard-size", "--num-proc", "-q"):
+    for option in ("--out", "--source-images", "--test-fraction", "--max-file-size", "--workers", "-q"):
         assert option in text
     with pytest.raises(SystemExit):
         parser.parse_args(["upload", "--help"])
     assert "--private" in capsys.readouterr().out
     args = parser.parse_args(["build", str(builder_original_run), "--out", str(tmp_path / "o"), "-q",
-                              "--configs", "sft,conversations", "--max-shard-size", "1MB"])
+                              "--configs", "sft,conversations", "--max-file-size", "1MB"])
     assert args.func(args) == 0
     assert sorted(p.name for p in (tmp_path / "o").iterdir() if p.is_dir()) == ["conversations", "sft"]
     args = parser.parse_args(["build", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o2"), "-q"])

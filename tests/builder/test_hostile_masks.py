@@ -97,6 +97,7 @@ def assert_no_marker(out: Path) -> None:
             assert MARKER not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_sources", [True, False], ids=["sources", "no-sources"])
 def test_bad_stored_edit_masks_are_rejected_counted_and_recomputed_or_null(base, tmp_path, with_sources):
     run = tmp_path / "run"
@@ -146,6 +147,7 @@ def test_bad_stored_edit_masks_are_rejected_counted_and_recomputed_or_null(base,
     assert_no_marker(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("region", [(12000, 12000), (17, 900)], ids=["12000x12000", "17x900"])
 def test_region_masks_of_another_size_are_rejected(base, tmp_path, region):
     run = tmp_path / "run"

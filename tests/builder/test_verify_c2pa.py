@@ -58,6 +58,7 @@ def mismatched_lines(out: str) -> list[str]:
     return [line.removeprefix("  mismatched: ") for line in out.splitlines() if line.startswith("  mismatched: ")]
 
 
+@pytest.mark.slow
 def test_verify_counts_every_generated_image_valid_and_the_card_names_the_certificate(built, capsys):
     root, keys = built
     assert main(["verify", str(root / "ds"), "--c2pa", "--trust", str(keys.ca), "--workers", "2"]) == 0
@@ -69,6 +70,7 @@ def test_verify_counts_every_generated_image_valid_and_the_card_names_the_certif
     assert main(["verify", "--run", str(root / "run"), "--trust", str(keys.ca)]) == 0
 
 
+@pytest.mark.slow
 def test_verify_names_untrusted_tampered_and_stripped_rows(built, tmp_path, capsys):
     root, keys = built
     other = make_keys(tmp_path / "other")
@@ -102,6 +104,7 @@ def _verify_dataset_c2pa(folder, ca):
     return verify_c2pa(dataset_images(folder), trust=ca, workers=1)
 
 
+@pytest.mark.slow
 def test_a_stripped_image_in_a_run_is_missing(built, tmp_path, capsys):
     root, keys = built
     run = tmp_path / "run"
@@ -113,6 +116,7 @@ def test_a_stripped_image_in_a_run_is_missing(built, tmp_path, capsys):
     assert "1 missing" in out and image.relative_to(run).as_posix() in out
 
 
+@pytest.mark.slow
 def test_images_swapped_between_tasks_and_rounds_of_a_run_are_mismatched(built, swapped, capsys):
     root, keys = built
     run, changed = swapped
@@ -131,6 +135,7 @@ def test_images_swapped_between_tasks_and_rounds_of_a_run_are_mismatched(built, 
     assert "0 mismatched" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_dataset_built_from_swapped_images_names_each_mismatched_row(built, swapped, tmp_path, capsys):
     root, keys = built
     run, changed = swapped
@@ -154,6 +159,7 @@ def test_a_dataset_built_from_swapped_images_names_each_mismatched_row(built, sw
     assert set(shown) <= expected and len(shown) == min(len(expected), 10)
 
 
+@pytest.mark.slow
 def test_a_row_whose_embedded_source_is_another_scan_is_mismatched(built, tmp_path, capsys):
     root, keys = built
     assert main(["build", str(root / "run"), "--out", str(tmp_path / "ds"), "--source-images", str(root / "sources"),
@@ -180,6 +186,7 @@ def test_every_generated_image_column_is_compared_with_its_row():
         assert set(SIGNED_COLUMNS.get(config, {})) == set(image_columns(config)) - {"source_image", *MASKS}, config
 
 
+@pytest.mark.slow
 def test_an_image_no_journal_line_names_is_mismatched_and_a_run_without_journal_is_said(built, tmp_path, capsys):
     root, keys = built
     run = tmp_path / "run"
@@ -210,6 +217,7 @@ def test_an_image_no_journal_line_names_is_mismatched_and_a_run_without_journal_
     assert "0 mismatched" in out and "have no record (medbanana-journal.jsonl)" in out
 
 
+@pytest.mark.slow
 def test_a_merged_run_of_shards_signed_under_their_own_run_ids_is_valid(built, tmp_path, capsys):
     root, keys = built
     shards = [tmp_path / f"shard{i}" for i in (0, 1)]

@@ -19,6 +19,8 @@ from medbanana.dpo import editor_diffusion_dpo, judge_sft, refiner_dpo  # noqa: 
 from medbanana.dpo.tiny import TINY_MODEL_ID  # noqa: E402
 from medbanana.loaders import load_medbanana  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 VLM_FAMILIES = ["llava", "qwen2_5_vl"]
 TRAINER_OPTIONS = """\
 max_steps: 2

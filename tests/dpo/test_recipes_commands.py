@@ -19,6 +19,8 @@ from medbanana.dpo import editor_diffusion_dpo, judge_sft, refiner_dpo  # noqa: 
 from medbanana.dpo.common import model_location  # noqa: E402
 from paths import ROOT
 
+pytestmark = pytest.mark.slow
+
 RECIPES = {module.__name__: module for module in (refiner_dpo, judge_sft, editor_diffusion_dpo)}
 SWAPPED = {"--model_name_or_path", "--dataset_name", "--output_dir", "--dtype"}
 

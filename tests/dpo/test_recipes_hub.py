@@ -12,6 +12,8 @@ pytest.importorskip("diffusers", reason="training needs the train extra: pip ins
 
 from hub_models import ModelHub  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 RUNS = {
     "refiner_dpo": ("qwen2_5_vl", "model.safetensors",
                     ["--max_steps", "1", "--per_device_train_batch_size", "2", "--max_length", "8192", "--use_cpu",

@@ -71,6 +71,7 @@ def by_hand(a: np.ndarray, b: np.ndarray) -> float:
     return 1.0 if union == 0 else round(float(np.logical_and(a, b).sum() / union), 4)
 
 
+@pytest.mark.slow
 def test_the_editor_records_its_attention_mask_at_the_source_size(attention_run, chest_sources):
     rounds = recorded_rounds(attention_run)
     assert len(rounds) == 3  # two adds, one remove; one round each
@@ -104,6 +105,7 @@ def half_edit_masks(config_dir) -> None:
         pq.write_table(table.set_column(index, field, pa.array(masks, type=field.type)), path)
 
 
+@pytest.mark.slow
 def test_eval_scores_the_recorded_mask_against_the_datasets_edit_mask(attention_run, chest_sources, tmp_path,
                                                                       capsys):
     dataset = tmp_path / "dataset"

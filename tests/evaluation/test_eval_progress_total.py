@@ -26,6 +26,7 @@ def eval_bar(argv: list, out) -> tuple[str, str, int]:
     return *ends[-1], scored
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_a_samples_file_gives_the_bar_its_entries(tmp_path, fmt):
     specs = [{"id": f"s{i}", "source": chest_like(seed=i), "edited": chest_like(seed=i + 10)} for i in range(3)]
@@ -35,6 +36,7 @@ def test_a_samples_file_gives_the_bar_its_entries(tmp_path, fmt):
     assert eval_bar([folder, "--limit", "2"], tmp_path / "limited")[:2] == ("2", "2")
 
 
+@pytest.mark.slow
 def test_a_built_dataset_and_a_run_give_the_bar_their_counts(demo_run_root, tmp_path):
     demo = demo_run_root / "demo-run"
     count, total, scored = eval_bar([demo / "dataset"], tmp_path / "dataset")

@@ -209,6 +209,7 @@ def test_torchxrayvision_without_its_weights_offline_fails_in_one_line_naming_th
     assert not expected.exists() and not (tmp_path / "out" / "samples.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_torchxrayvision_weights_placed_in_its_cache_or_given_as_a_file(tmp_path, monkeypatch):
     pytest.importorskip("torchxrayvision")
     from medbanana.evaluation.classifiers import xrv_weights_path

@@ -107,6 +107,7 @@ def _kill_partway(folder: Path, out: Path, cache_path: Path, at_least: int = 300
     return proc.returncode
 
 
+@pytest.mark.slow
 def test_a_killed_probe_resumes_from_its_cache_and_reports_like_an_uninterrupted_run(samples_folder, tmp_path):
     images = 2 * PAIRS
     reference = tmp_path / "uninterrupted"
@@ -137,6 +138,7 @@ def test_a_killed_probe_resumes_from_its_cache_and_reports_like_an_uninterrupted
     assert _eval(samples_folder, out, size=192) == (0, images)  # the first settings' entries are still there
 
 
+@pytest.mark.slow
 def test_changed_image_bytes_are_computed_again(samples_folder, tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
@@ -179,6 +181,7 @@ def test_cache_keys_vectors_and_torn_tails(tmp_path):
     cache.close()
 
 
+@pytest.mark.slow
 def test_pretrained_embeddings_are_cached_beside_the_weight_free_features(samples_folder, tmp_path, capsys):
     timm = pytest.importorskip("timm")
     pytest.importorskip("torch").manual_seed(0)

@@ -233,6 +233,7 @@ def test_eval_cli_writes_the_separability_report(tmp_path):
     assert per_sample[0].startswith("id,p_edit_raw,p_edit_controlled") and len(per_sample) == 25
 
 
+@pytest.mark.slow
 def test_pretrained_timm_features_from_a_folder_add_their_rows(tmp_path):
     timm = pytest.importorskip("timm")
     pytest.importorskip("torch").manual_seed(0)
@@ -293,6 +294,7 @@ def _check_pretrained_rows(tmp_path, spec: str) -> None:
     assert "p_edit_raw_pretrained" in header
 
 
+@pytest.mark.slow
 def test_run_directory_all_attempts_gives_accepted_and_rejected_rows(builder_ours_run, tmp_path):
     from medbanana.evaluation.inputs import open_samples
 

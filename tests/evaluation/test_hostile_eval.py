@@ -127,6 +127,7 @@ def test_bad_dataset_masks_and_attention_are_per_sample_errors(base, tmp_path):
     assert "samples not scored" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["list", "rounds dict", "entry a string", "disease a number"])
 def test_a_malformed_attention_run_is_left_out_and_listed(base, tmp_path, case):
     run = tmp_path / "run"

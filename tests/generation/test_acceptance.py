@@ -81,6 +81,7 @@ def test_a_policy_file_is_read_only_when_named_and_checked(tmp_path):
         acceptance_policy(str(policy))
 
 
+@pytest.mark.slow
 def test_generate_runs_by_a_policy_files_rule(tmp_path, capsys):
     write_demo_sources(tmp_path / "sources", n_normal=2, n_diseased=0, size=64)
     rule = "chest_xray:score>=0.6;fundus:none"

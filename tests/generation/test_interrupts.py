@@ -52,6 +52,7 @@ def _assert_clean(result: subprocess.CompletedProcess) -> None:
     assert result.stderr.strip().splitlines()[-1].startswith("interrupted: ")
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_generate_with_workers_while_they_start_and_while_they_run(tiny_sources, tmp_path):
     argv = ["generate", "--sources", str(tiny_sources), "--backend", "simulator", "--workers", "2", "-q"]
     # the workers were spawned a moment ago: they are still importing (a second or more), when a worker's own
@@ -69,6 +70,7 @@ def test_ctrl_c_of_generate_with_workers_while_they_start_and_while_they_run(tin
     assert (tmp_path / "running" / layout.JOURNAL).stat().st_size  # what finished is kept
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_demo_while_its_run_writes_images(tmp_path):
     """The demo's run computes each image's masks in a process of its own, started at the first image."""
     out = tmp_path / "demo"

@@ -129,6 +129,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_loses_and_duplicates_nothing(tiny_sources, tmp_path):
     out = tmp_path / "run"
     script = tmp_path / "go.py"
@@ -157,6 +158,7 @@ def test_killed_and_resumed_run_loses_and_duplicates_nothing(tiny_sources, tmp_p
     assert on_disk == recorded
 
 
+@pytest.mark.slow
 def test_shards_partition_the_tasks_and_merge_recombines_them(tiny_sources, tmp_path):
     from medbanana.cli import main
 

@@ -94,6 +94,7 @@ def focal(disease: str) -> bool:
     return spec.body and spec.max_share <= 0.9
 
 
+@pytest.mark.slow
 def test_the_demo_dataset_carries_masks_that_sit_on_the_simulators_lesions(tmp_path, capsys):
     """The demo as a user runs it: its sft rows' edit masks overlap what the simulator recorded drawing, and every
     mask column is filled (sources attached); the card says the masks are computed."""
@@ -116,6 +117,7 @@ def test_the_demo_dataset_carries_masks_that_sit_on_the_simulators_lesions(tmp_p
     assert json.loads((out / "dataset" / "medbanana-build.json").read_text())["mask_method"] == masks.MASK_METHOD
 
 
+@pytest.mark.slow
 def test_a_runs_stored_masks_need_no_sources_and_a_run_without_them_gets_null_masks(tmp_path):
     """The demo's run stores each attempt image's masks when it writes it: a build without sources carries them.
     The same run with its masks folder gone (as a released run comes) built without sources: null, and said."""

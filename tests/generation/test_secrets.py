@@ -285,6 +285,7 @@ def _assert_nowhere(secret: str, printed: str, *folders: Path) -> None:
             assert leaks(secret, _parquet_text(dataset)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [401, 500])
 def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sources, tmp_path, monkeypatch, capfd,
                                                                       status):
@@ -311,6 +312,7 @@ def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
     _assert_nowhere(key, printed, run_dir, dataset)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [401, 500])
 def test_openai_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sources, tmp_path, monkeypatch, capfd,
                                                                       status):
@@ -334,6 +336,7 @@ def test_openai_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
     _assert_nowhere(key, printed, run_dir, dataset)
 
 
+@pytest.mark.slow
 def test_vertex_run_and_dataset_hold_no_access_token_it_fetched_from_an_echoing_endpoint(echo, sources, tmp_path,
                                                                                           monkeypatch, capfd):
     """Vertex AI on Application Default Credentials: the SDK signs calls with an OAuth access token google.auth
@@ -374,6 +377,7 @@ class QuietEcho(JSONHandler):
                     "usageMetadata": {"promptTokenCount": 1}, "modelVersion": hidden})
 
 
+@pytest.mark.slow
 def test_a_key_only_in_long_answer_fields_reaches_no_file(sources, tmp_path, monkeypatch, capfd):
     key = f"AIza-test/SECRET+{uuid.uuid4()}="
     server = ThreadingHTTPServer(("127.0.0.1", 0), QuietEcho)
@@ -529,6 +533,7 @@ def test_a_password_in_the_openai_base_url_is_refused_without_printing_it(source
     assert leaks(password, err) == [] and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_key_in_the_openai_base_urls_query_is_in_no_file_lock_or_printed_line(sources, tmp_path):
     """A real `medbanana generate` process (the lock records its command line while it runs) against a port that
     takes connections and never answers: the lock file is read while the run waits, and is gone after it."""

@@ -71,9 +71,9 @@ def set_metadata(shard: Path, value: bytes) -> None:
 
 HOSTILE = {  # case -> (how the folder is changed, what the one line says)
     "yaml data_files absolute, own shards gone": (
-        lambda b, f: (retarget_yaml(b, f, False), shutil.rmtree(f / "sft")), "has no sft shards"),
+        lambda b, f: (retarget_yaml(b, f, False), shutil.rmtree(f / "sft")), "has no sft parquet files"),
     "yaml data_files ../, own shards gone": (
-        lambda b, f: (retarget_yaml(b, f, True), shutil.rmtree(f / "sft")), "has no sft shards"),
+        lambda b, f: (retarget_yaml(b, f, True), shutil.rmtree(f / "sft")), "has no sft parquet files"),
     "symlinked shard": (
         lambda b, f: ((f / "sft" / SHARD).unlink(), (f / "sft" / SHARD).symlink_to(b / "outside" / "sft" / SHARD)),
         "is a symbolic link"),
@@ -96,6 +96,7 @@ HOSTILE = {  # case -> (how the folder is changed, what the one line says)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HOSTILE)
 def test_export_refuses_a_hostile_folder_in_one_line(built, tmp_path, case):
     change, message = HOSTILE[case]
@@ -113,6 +114,7 @@ def test_export_refuses_a_hostile_folder_in_one_line(built, tmp_path, case):
         load_medbanana(folder, "sft", split=None)
 
 
+@pytest.mark.slow
 def test_the_cards_own_files_and_side_files_are_never_followed(built, tmp_path):
     """The card's data_files point out of the folder and a `.huggingface.yaml` and `dataset_infos.json` say more:
     the folder's own shards load, and nothing of the outside one (loaded rows, exported metadata)."""
@@ -155,6 +157,7 @@ def bomb_png(side: int) -> bytes:
             + chunk(b"IDAT", zlib.compress(b"\0" * (side + 1))) + chunk(b"IEND", b""))
 
 
+@pytest.mark.slow
 def test_export_skips_rows_whose_masks_are_not_masks_of_their_image(built, tmp_path):
     """A dataset whose sft masks were replaced: a 1x1 edit_mask is never stretched into a MedEBench mask, and grey
     levels, a text chunk, a bomb or a region_mask of another size skip their rows, counted by reason."""

@@ -234,6 +234,7 @@ def test_recipes_without_the_training_stack_say_how_to_install_it(monkeypatch):
             recipe.make_parser()
 
 
+@pytest.mark.slow
 def test_a_folder_rewritten_in_place_loads_its_new_rows_and_an_unchanged_one_reuses_the_cache(demo_dataset, tmp_path,
                                                                                                  monkeypatch):
     """datasets 5.x keys a local folder's cache on its name and its card's YAML (schema, counts, sizes) alone: a

@@ -117,6 +117,7 @@ def rgb(path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
 
 
+@pytest.mark.slow
 def test_medebench_scripts_read_the_export_and_score_it(demo_dataset, tmp_path, capsys):
     """The demo's dataset as `medbanana demo` builds it (sources attached, so every row has its computed masks)."""
     rows = load_medbanana(demo_dataset, "sft").num_rows
@@ -287,15 +288,15 @@ def test_the_command_line_does_not_import_datasets():
                           check=True).stdout.strip() == "False"
 
 
-def test_more_workers_write_the_same_export(demo_dataset, tmp_path):
+def test_more_threads_write_the_same_export(demo_dataset, tmp_path):
     """PNGs encoded on several threads land under the ids the rows were given, in order, byte for byte."""
     exports = {}
-    for workers in (1, 3):
-        out = tmp_path / f"workers-{workers}"
+    for threads in (1, 3):
+        out = tmp_path / f"threads-{threads}"
         assert main(["export", "medebench", str(demo_dataset), "--split", "train", "--out", str(out), "-q",
-                     "--workers", str(workers)]) == 0
+                     "--threads", str(threads)]) == 0
         folder = out / "editing"
-        exports[workers] = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        exports[threads] = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     assert len(exports[1]) == 3 * len(json.loads(exports[1]["editing_metadata.json"])["samples"]) + 2
     assert exports[3] == exports[1]
 

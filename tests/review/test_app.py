@@ -63,6 +63,7 @@ def test_the_page_turns_its_inputs_into_an_answer():
     assert answer_from_page("realism", [None, None], seconds=1.0).confidence is None
 
 
+@pytest.mark.slow
 def test_on_a_space_raters_sign_in_with_hugging_face(small_run, tmp_path, monkeypatch):
     run, sources = small_run
     assert main(["review", str(run), "--out", str(tmp_path / "review"), "--items", "2", "--no-serve",

@@ -17,7 +17,7 @@ from medbanana.cli import main
 from medbanana.generation.records import VERDICT_BOOLEANS
 from medbanana.review.store import ReviewStore
 
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))]
 
 
 @pytest.fixture(scope="module")

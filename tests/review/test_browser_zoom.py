@@ -9,7 +9,7 @@ from review_browser import (WINDOW, ReviewPage, ReviewServer, assert_offline, br
 from medbanana.generation.records import VERDICT_BOOLEANS
 from medbanana.review.app import MAX_ZOOM
 
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))]
 IMAGES = ("image-source", "image-edit")
 PIXEL = 1.0  # layout rounding: a drawn edge may sit a pixel off its exact place
 

@@ -55,6 +55,7 @@ def calibrated(demo_run_root, tmp_path_factory):
     return root, run, sources, answered, json.loads((root / "policy.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_calibration_sample_is_random_stratified_and_says_so(calibrated):
     root, run, _sources, answered, _policy = calibrated
     rows = list(csv.DictReader(open(root / "labels.csv", encoding="utf-8")))
@@ -171,6 +172,7 @@ def test_too_few_labels_is_one_line_saying_how_many_more(calibrated, tmp_path, c
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow
 def test_labels_that_are_not_a_calibration_sample_are_said_so(calibrated, demo_run_root, tmp_path, capsys):
     _root, run, sources, *_ = calibrated
     assert main(["review", str(run), "--out", str(tmp_path / "turns"), "--items", "60", "--raters-per-item", "1",

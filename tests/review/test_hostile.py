@@ -21,6 +21,7 @@ def gradio_caches(review: Path) -> list[Path]:
     return sorted(review.glob(".gradio-cache-*"))
 
 
+@pytest.mark.slow
 def test_crafted_answers_over_http_are_refused_and_nothing_leaves_the_review_folder(tmp_path):
     run, sources = make_run(tmp_path / "data")
     review, system_tmp = tmp_path / "review", tmp_path / "system-tmp"
@@ -70,6 +71,7 @@ def test_crafted_answers_over_http_are_refused_and_nothing_leaves_the_review_fol
 pytestmark_browser = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
 
+@pytest.mark.slow
 @pytestmark_browser
 def test_instructions_holding_markup_show_as_text_and_fetch_nothing(tmp_path):
     tracker = Tracker()

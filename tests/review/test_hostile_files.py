@@ -87,6 +87,7 @@ def test_a_review_naming_files_outside_its_images_is_refused_in_one_line(made, t
     assert "served at" not in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("swap", ["link outside", "link to review.sqlite", "other content", "folder"])
 def test_an_image_that_is_not_the_reviews_own_file_is_never_served(made, tmp_path, swap):
     review = copy_review(made, tmp_path)
@@ -125,6 +126,7 @@ def test_an_image_that_is_not_the_reviews_own_file_is_never_served(made, tmp_pat
     assert_nothing_leaked(server, review, responses)
 
 
+@pytest.mark.slow
 def test_the_reviews_own_images_are_served_and_reasons_are_limited(made, tmp_path):
     review = copy_review(made, tmp_path)
     store = ReviewStore.open(review)

@@ -43,7 +43,7 @@ class SimulatedEditor(Editor):
     `drift` is the share of edits whose frame moves (0: none)."""
 
     name = "simulator"
-    # IPTC code for the synthetic-content mark: procedural, not a trained model (see generation/provenance.py)
+    # IPTC code for the synthetic-content mark: procedural, not a trained model (see generation/rundir/provenance.py)
     digital_source_type = "compositeSynthetic"
 
     def __init__(self, *, jitter: float = 1.0, model: str = "medbanana-simulator-editor-1", drift: float = 0.0):

@@ -50,6 +50,7 @@ def test_registry_names_the_diffusers_editor():
     assert "diffusers" not in backends.available("judge")
 
 
+@pytest.mark.slow
 def test_concurrent_edits_are_batched_and_come_back_at_the_source_size(tiny_pipeline, sources):
     editor = editor_with(tiny_pipeline, batch_size=4)
 
@@ -70,6 +71,7 @@ def test_concurrent_edits_are_batched_and_come_back_at_the_source_size(tiny_pipe
     assert editor.batches_run == 2
 
 
+@pytest.mark.slow
 def test_the_seed_decides_the_edit(tiny_pipeline, sources):
     editor = editor_with(tiny_pipeline, batch_size=1)
     source, task = sources[0], make_task(sources[0])
@@ -137,6 +139,7 @@ def test_disease_tokens_are_found_in_the_instruction(tiny_pipeline):
     assert token_positions(tokenizer, "Add a small opacity.", words) == []
 
 
+@pytest.mark.slow
 def test_recorded_maps_have_the_image_aspect_and_values_in_0_1(tiny_pipeline, sources):
     import torch
     from PIL import Image

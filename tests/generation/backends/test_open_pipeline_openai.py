@@ -160,6 +160,7 @@ def test_a_connection_error_is_retried_then_reported(options, source):
     assert caught.value.kind == "transport"
 
 
+@pytest.mark.slow
 def test_generate_mixes_an_openai_writer_and_judge_with_a_diffusers_editor(fake, tiny_sources, tmp_path,
                                                                              monkeypatch, capsys):
     """The full open pipeline from the command line: a tiny diffusers pipeline saved to a folder edits, the fake

@@ -82,6 +82,7 @@ def test_a_real_removal_by_the_simulator_editor_still_passes(modality, disease):
     assert judge.score_sync(task, source, edited).editing_accuracy >= scores.RAMP_AT_THRESHOLD
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("modality", list(DATASETS))
 def test_an_edit_identical_to_the_source_is_never_accepted_for_a_removal(modality):
     judge = PixelJudge()

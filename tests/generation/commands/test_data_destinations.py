@@ -439,6 +439,7 @@ def test_an_oversize_answer_is_a_recorded_failure_not_a_huge_file(backend, how, 
     assert sum(p.stat().st_size for p in (tmp_path / "run").rglob("*") if p.is_file()) < 1_000_000
 
 
+@pytest.mark.slow
 def test_the_demos_phantoms_are_synthetic_in_manifest_run_and_card(demo_run_root):
     demo = demo_run_root / "demo-run"
     assert {use.kind for use in sources_data_use(demo / "sources").values()} == {"synthetic"}
@@ -448,6 +449,7 @@ def test_the_demos_phantoms_are_synthetic_in_manifest_run_and_card(demo_run_root
         demo / "dataset" / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_merged_run_records_what_each_shard_sent(tmp_path):
     runs = []
     for name, use in (("MIMIC_cred", ["--data-use", "credentialed"]), ("MIMIC_open", ["--data-use", "open",

@@ -23,6 +23,7 @@ def _records(run_dir: Path) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_demo_command_end_to_end(tmp_path):
     """The README's set-up command minus the install: all modalities and directions, first-round and refined successes,
     failed tasks with every attempt kept, a printed summary, and a dataset that loads."""
@@ -72,6 +73,7 @@ def _sample_sources(root: Path) -> Path:
     return sources
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SAMPLES.is_dir(), reason=f"real sample images not found at {SHARED_SAMPLES}")
 def test_pipeline_on_real_sample_images(tmp_path):
     sources = _sample_sources(tmp_path)
@@ -87,6 +89,7 @@ def test_pipeline_on_real_sample_images(tmp_path):
             assert (tmp_path / "run" / rnd["image"]).stat().st_size > 10_000  # a real 1024² JPEG, not a stub
 
 
+@pytest.mark.slow
 def test_demo_honours_max_rounds_and_refuses_other_source_options_over_a_demo(tmp_path):
     """--max-rounds reaches the loop (it used to be parsed and ignored), and rerunning over a demo with another
     --size is refused with one line instead of returning the old results under the new options."""
@@ -109,6 +112,7 @@ def test_demo_honours_max_rounds_and_refuses_other_source_options_over_a_demo(tm
     assert (out / "run" / layout.RUN_CONFIG).read_bytes() == before
 
 
+@pytest.mark.slow
 def test_demo_refuses_a_non_empty_folder_it_did_not_make_and_resumes_its_own(tmp_path, capsys):
     from medbanana.cli import main
     from medbanana.demo import MARK

@@ -25,6 +25,7 @@ def _plan(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_without_a_pilot_the_figures_are_assumptions_bounded_by_one_and_all_rounds(tiny_sources, tmp_path, capsys):
     assert main(["generate", "--sources", str(tiny_sources), "--out", str(tmp_path / "run"), "--max-rounds", "1",
                  "-q"]) == 0  # the simulator: how many tasks generate really runs

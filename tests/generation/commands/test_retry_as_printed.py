@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fake_runs import mimic_sources
 from service_account import service_account_file
 from medbanana.generation.rundir import layout
@@ -41,6 +42,7 @@ def _retry_as_printed(stderr: str, out: Path, env: dict, fake: FakeGemini, optio
     assert retry.returncode == 0, retry.stderr
 
 
+@pytest.mark.slow
 def test_the_printed_retry_command_takes_the_runs_options_and_finishes_the_failed_tasks(tmp_path):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_retry", disease="Pleural_Effusion", per_class=1)
     out = tmp_path / "run"
@@ -71,6 +73,7 @@ def test_the_printed_retry_command_takes_the_runs_options_and_finishes_the_faile
     assert (recorded["max_rounds"], recorded["seed"], recorded["accept"]) == (3, 11, "score>=0.7")
 
 
+@pytest.mark.slow
 def test_the_printed_retry_command_of_a_vertex_run_calls_vertex_ai_again(tmp_path):
     """A run on Vertex AI records its project and location; the retry goes there, not to the Gemini API (whose key
     and base URL are set too, so a retry that forgot --vertex would reach the fake on the Gemini API's path)."""

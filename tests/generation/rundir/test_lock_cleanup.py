@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from medbanana.cli import main
 from medbanana.generation.rundir.lock import EXIT_LOCKED, LOCK_NAME, LockHeld, hold_lock
 
@@ -51,6 +52,7 @@ sys.exit(1 if broken else 0)
 """
 
 
+@pytest.mark.slow
 def test_processes_racing_the_removal_of_the_lock_file_never_hold_it_together(tmp_path):
     folder, marks = tmp_path / "folder", tmp_path / "marks"
     folder.mkdir()
@@ -88,6 +90,7 @@ def test_a_reader_never_writes_into_a_folder_it_may_not_write(tmp_path):
         folder.chmod(0o755)
 
 
+@pytest.mark.slow
 def test_a_finished_generate_leaves_no_lock_file_and_a_second_writer_is_still_refused(tiny_sources, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["generate", "--sources", str(tiny_sources), "--out", str(out), "--backend", "simulator",

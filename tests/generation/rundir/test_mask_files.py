@@ -70,11 +70,13 @@ def demo(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_demo_run_stores_both_masks_of_every_attempt_image(demo):
     marked = _assert_masks_as_the_build_computes(demo / "run", demo / "sources")
     assert marked > 0  # the simulator's drawn findings are found, not an all-empty mask everywhere
 
 
+@pytest.mark.slow
 def test_worker_processes_compute_the_masks_and_the_parent_only_writes_them(demo, tmp_path, monkeypatch):
     sources = demo / "sources"
     computed_here, received = [], []
@@ -100,6 +102,7 @@ def test_worker_processes_compute_the_masks_and_the_parent_only_writes_them(demo
     _assert_masks_as_the_build_computes(run, sources)
 
 
+@pytest.mark.slow
 def test_opening_a_run_removes_masks_no_journal_line_names_and_nothing_else(demo, tmp_path):
     shutil.copytree(demo, tmp_path / "d", symlinks=True)
     run = tmp_path / "d" / "run"
@@ -185,6 +188,7 @@ def test_given_masks_are_written_as_given_and_a_missing_one_removes_its_file(tmp
     assert (store.run_dir / edit_rel).read_bytes() == b"edit-png" and not (store.run_dir / region_rel).exists()
 
 
+@pytest.mark.slow
 def test_merge_carries_masks_from_regular_files_inside_the_shard_only(demo, tmp_path):
     for i in range(2):
         assert main(["generate", "--sources", str(demo / "sources"), "--out", str(tmp_path / f"shard{i}"),

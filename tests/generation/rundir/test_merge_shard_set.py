@@ -28,6 +28,7 @@ def _config(run_dir):
     return json.loads((run_dir / layout.RUN_CONFIG).read_text())
 
 
+@pytest.mark.slow
 def test_an_incomplete_shard_set_is_refused_unless_partial_which_the_card_then_says(shards, tmp_path, capsys):
     out = tmp_path / "merged"
     capsys.readouterr()
@@ -60,6 +61,7 @@ def test_an_incomplete_shard_set_is_refused_unless_partial_which_the_card_then_s
     assert "partial" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_whole_set_merges_and_shards_of_two_splits_are_refused(shards, tiny_sources, tmp_path, capsys):
     assert main(["merge", *map(str, shards), "--out", str(tmp_path / "all")]) == 0
     assert _config(tmp_path / "all")["partial"] is False

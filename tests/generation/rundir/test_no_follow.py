@@ -196,6 +196,7 @@ def _linked_out_folder(run: Path, where: str) -> str:
             "orphans folder": layout.ORPHANS}[where]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["output folder", "class folder", "masks folder", "masks mirror", "masks class",
                                    "orphans folder"])
 def test_a_run_with_a_folder_linked_out_of_it_is_refused_before_anything_is_written(tmp_path, sources, capsys, where):

@@ -103,6 +103,7 @@ def test_the_run_lock_is_refused_when_it_is_not_a_file_of_its_own(run, outside, 
     assert outside.read_bytes() == OUTSIDE and (run / layout.JOURNAL).read_bytes() == journal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(PLANTS))
 def test_the_build_output_lock_is_refused_when_it_is_not_a_file_of_its_own(run, outside, kind):
     lock = run.parent / f".dataset.{LOCK_NAME}"
@@ -113,6 +114,7 @@ def test_the_build_output_lock_is_refused_when_it_is_not_a_file_of_its_own(run, 
     assert outside.read_bytes() == OUTSIDE and not (run.parent / "dataset").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["FIFO", "folder"])
 def test_a_run_read_by_build_with_a_lock_that_is_no_file_is_refused_not_waited_on(run, outside, kind):
     words = plant(run / LOCK_NAME, kind, outside)
@@ -121,6 +123,7 @@ def test_a_run_read_by_build_with_a_lock_that_is_no_file_is_refused_not_waited_o
     assert f"{run / LOCK_NAME}" in one_line(done.stderr) and words in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(PLANTS))
 def test_a_journal_that_is_not_a_file_of_its_own_is_refused_before_anything_is_written(run, outside, kind):
     journal = run / layout.JOURNAL
@@ -135,6 +138,7 @@ def test_a_journal_that_is_not_a_file_of_its_own_is_refused_before_anything_is_w
     assert not (run / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["FIFO", "folder"])
 def test_a_run_config_that_is_no_file_is_refused(run, outside, kind):
     words = plant(run / layout.RUN_CONFIG, kind, outside)
@@ -144,6 +148,7 @@ def test_a_run_config_that_is_no_file_is_refused(run, outside, kind):
         assert f"{run / layout.RUN_CONFIG}" in one_line(done.stderr) and words in done.stderr
 
 
+@pytest.mark.slow
 def test_the_run_json_files_replace_a_hard_link_and_refuse_a_folder(run, outside, capsys):
     """The JSON files are replaced by a rename: a hard link at their name loses that name, its other name keeps
     its bytes. A folder there is refused in one line (a rename cannot replace it)."""

@@ -104,6 +104,7 @@ def _assert_consistent(out: Path, tasks: set[str]) -> dict[str, dict]:
 
 # ---------------------------------------------------------------- one writer per directory
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_at_once_and_let_in_after_the_first_is_killed(sources, tmp_path):
     out = tmp_path / "run"
     with FakeGemini(engine="echo", latency=0.4) as fake:
@@ -313,6 +314,7 @@ def _continuing(out: Path) -> set[str]:
     return {uid for uid, kind in last.items() if kind == "round"} & {e["uid"] for e in _task_lines(out)}
 
 
+@pytest.mark.slow
 def test_kill_9_soak_under_faults_with_a_dropped_cache_and_a_killed_retry(tmp_path):
     rng, out = random.Random(14), tmp_path / "run"
     sources = _make_sources(tmp_path / "sources", normal=8, diseased=4)  # 20 tasks, ~70 journal lines
@@ -361,6 +363,7 @@ def test_kill_9_soak_under_faults_with_a_dropped_cache_and_a_killed_retry(tmp_pa
     assert not list(out.rglob("*.tmp[0-9]*"))
 
 
+@pytest.mark.slow
 def test_a_merged_run_of_shards_is_retried_whole(tiny_sources, tmp_path):
     from medbanana.generation.runners.generate import retry_selection
 
@@ -373,6 +376,7 @@ def test_a_merged_run_of_shards_is_retried_whole(tiny_sources, tmp_path):
     assert known == {line["uid"] for i in range(2) for line in _task_lines(tmp_path / f"shard{i}")}
 
 
+@pytest.mark.slow
 def test_retrying_a_merged_run_continues_each_api_failed_task_after_its_merged_rounds(fake_env, sources, tmp_path,
                                                                                       capsys):
     # one task at a time and every second judge call a 500: each task's round 1 is judged (and rejected), its
@@ -405,6 +409,7 @@ def test_retrying_a_merged_run_continues_each_api_failed_task_after_its_merged_r
     assert fake_env.count("writer") == len(before)  # one new round per task: round 2
 
 
+@pytest.mark.slow
 def test_an_interrupted_merge_goes_on_and_another_record_of_a_merged_task_is_a_conflict(tiny_sources, tmp_path,
                                                                                         capsys):
     for i in range(2):
@@ -438,6 +443,7 @@ def test_an_interrupted_merge_goes_on_and_another_record_of_a_merged_task_is_a_c
     assert journal.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_before_anything_slow(tmp_path):
     """`generate` takes the run directory's lock first: a second writer is refused before it imports the
     backends' client libraries or reads its sources (here a folder that does not even exist), naming the holder."""

@@ -53,6 +53,7 @@ def test_keys_init_writes_a_ca_a_chain_and_a_private_key_only_the_owner_reads(tm
     assert main(["keys", "init", str(tmp_path / "k")]) == 2  # never overwrites a key without --force
 
 
+@pytest.mark.slow
 def test_every_image_is_signed_valid_and_trusted_with_the_ca(signed, keys):
     sources, run = signed
     images = run_images(run)
@@ -75,6 +76,7 @@ def test_every_image_is_signed_valid_and_trusted_with_the_ca(signed, keys):
     assert made["source_sha256"] in source_hashes
 
 
+@pytest.mark.slow
 def test_one_changed_pixel_is_invalid_a_stripped_manifest_missing_another_ca_untrusted(signed, keys, tmp_path):
     _, run = signed
     data = next(iter(run_images(run).values()))
@@ -85,6 +87,7 @@ def test_one_changed_pixel_is_invalid_a_stripped_manifest_missing_another_ca_unt
     assert reader_state(data, other.ca.read_bytes()) == ("Valid", {"signingCredential.untrusted"})
 
 
+@pytest.mark.slow
 def test_no_key_material_in_the_run_or_the_dataset(signed, keys, tmp_path):
     _, run = signed
     assert main(["build", str(run), "--out", str(tmp_path / "ds"), "-q"]) == 0
@@ -104,6 +107,7 @@ def test_no_key_material_in_the_run_or_the_dataset(signed, keys, tmp_path):
                 assert str(keys.key).encode() not in content, path  # not even where the key lives
 
 
+@pytest.mark.slow
 def test_resuming_with_another_certificate_or_none_is_refused(signed, keys, tmp_path, capsys):
     sources, run = signed
     other = make_keys(tmp_path / "other")
@@ -127,12 +131,14 @@ def test_a_key_that_is_not_the_certificates_is_refused_without_showing_it(keys, 
     assert code == 2 and "does not belong to the certificate" in err and "PRIVATE" not in err
 
 
+@pytest.mark.slow
 def test_workers_sign_in_the_writing_process(keys, tmp_path, tiny_sources):
     assert signed_run(tiny_sources, tmp_path / "run", keys, "--limit", "4", "--workers", "2") == 0
     images = run_images(tmp_path / "run")
     assert images and all(reader_state(d, keys.ca.read_bytes())[0] == "Trusted" for d in images.values())
 
 
+@pytest.mark.slow
 def test_png_images_are_signed_and_verify_with_their_pixels_untouched(keys, tmp_path, tiny_sources, capsys):
     png = ["--editor", "signed_runs:PngEditor", "--limit", "4"]  # an editor backend of one's own that answers PNG
     assert signed_run(tiny_sources, tmp_path / "signed", keys, *png) == 0
@@ -157,6 +163,7 @@ KILL_CLI = [sys.executable, "-m", "medbanana", "generate", "--backend", "simulat
             "--concurrency", "2"]
 
 
+@pytest.mark.slow
 def test_a_run_killed_and_resumed_is_still_fully_signed(keys, tmp_path, tiny_sources):
     out = tmp_path / "run"
     cmd = KILL_CLI + ["--sources", str(tiny_sources), "--out", str(out)]

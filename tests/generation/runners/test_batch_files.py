@@ -93,6 +93,7 @@ def _results_files(work: Path) -> list[Path]:
     return sorted(work.glob("*.results.jsonl"))
 
 
+@pytest.mark.slow
 def test_no_results_file_outlives_an_interrupted_or_killed_batch_run(echo_gemini, sources, tmp_path, env,
                                                                    held_downloads):
     _run(echo_gemini, sources, tmp_path / "reference", batch={}, max_rounds=2)

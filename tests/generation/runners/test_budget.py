@@ -65,6 +65,7 @@ def test_no_paid_call_unless_a_paid_backend_is_named(fake, tmp_path, capfd):
     assert "PAID: 2 task(s) to run, estimate" in first and "assumptions" in first
 
 
+@pytest.mark.slow
 def test_a_budget_is_never_passed_keeps_the_work_and_says_how_to_go_on(fake, tmp_path, capfd):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_budget", per_class=2)
     out = tmp_path / "run"
@@ -100,6 +101,7 @@ def test_a_budget_is_never_passed_keeps_the_work_and_says_how_to_go_on(fake, tmp
     assert "| editor | gemini-2.5-flash-image |" in section and "USD** at the standard prices" in section
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["workers", "batch"])
 def test_the_budget_holds_with_worker_processes_and_the_batch_api(fake, tmp_path, capfd, mode):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_modes", per_class=2)

@@ -78,6 +78,7 @@ def test_judgements_in_flight_when_json_schema_is_refused_are_each_reasked_in_pl
     assert openai_fake.count("judge") == 2 * CONCURRENCY + 1
 
 
+@pytest.mark.slow
 def test_a_concurrent_run_against_a_server_without_json_schema_finishes_every_task(openai_fake, tmp_path, capsys):
     openai_fake.reset(structured_output=False, latency=LATENCY)
     sources, run_dir = _sources(tmp_path / "sources", CONCURRENCY // 2), tmp_path / "run"
@@ -112,6 +113,7 @@ def _failures(run_dir: Path) -> list[dict]:
     return [f for path in sorted(run_dir.rglob(layout.API_FAILURES)) for f in json.loads(path.read_text())]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:BATCH_STATE_WIBBLING is not a valid JobState")  # the SDK's, on "state"
 @pytest.mark.parametrize("how, problem", [
     ("json", "JSONDecodeError"),

@@ -107,6 +107,7 @@ def test_over_the_inline_limit_requests_go_as_an_uploaded_jsonl_file(echo_gemini
     assert not list((tmp_path / "file" / "medbanana-cache" / "batches").glob("*.jsonl"))  # removed after use
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("faults, check", [
     (["500:first=2", "batch_failed:first=1,role=editor", "text_only:first=1", "truncated_json:first=2"],
      "recovered"),
@@ -154,6 +155,7 @@ def _submitted(out: Path) -> list[str]:
     return list(jobs)
 
 
+@pytest.mark.slow
 def test_a_killed_batch_run_resumes_polling_instead_of_resubmitting(echo_gemini, sources, tmp_path, env):
     _run(echo_gemini, sources, tmp_path / "reference", batch={})
     reference_shapes = _job_shapes(echo_gemini)

@@ -45,6 +45,7 @@ def _journal_lines(out: Path) -> int:
     return len(read_journal(out / layout.JOURNAL))
 
 
+@pytest.mark.slow
 def test_sigkilled_gemini_runs_resume_without_loss_duplicates_or_paying_twice(sources, tmp_path):
     rng = random.Random(7)
     with FakeGemini(engine="echo", latency=0.01) as fake:

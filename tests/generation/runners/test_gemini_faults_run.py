@@ -120,6 +120,7 @@ def test_transient_faults_are_absorbed(generate, echo_gemini, sources, faults):
     _assert_key_absent(run_dir, printed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("faults, kind, step", API_FAILED, ids=lambda f: f[0] if isinstance(f, list) else "")
 def test_persistent_faults_are_recorded_and_retry_failed_finishes_the_tasks(generate, sources, faults, kind, step):
     # a hang costs the whole timeout per try: fewer tries, and every task at once

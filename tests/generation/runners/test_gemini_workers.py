@@ -52,6 +52,7 @@ def test_shares_doctest():
     assert doctest.testmod(workers).failed == 0
 
 
+@pytest.mark.slow
 def test_two_workers_end_like_one_process_and_count_their_calls(sources, tmp_path, monkeypatch):
     with FakeGemini(engine="echo", latency=0.01) as fake:
         use_fake_gemini(monkeypatch, fake, KEY)
@@ -91,6 +92,7 @@ def test_workers_refuse_the_batch_api(sources, tmp_path, monkeypatch, capsys):
     assert "--workers is for API backends" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_killing_the_parent_stops_its_workers_and_a_rerun_resumes(sources, tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "medbanana", *_args(sources, out, "--workers", "2")]
@@ -120,6 +122,7 @@ def test_killing_the_parent_stops_its_workers_and_a_rerun_resumes(sources, tmp_p
             assert all((out / r["image"]).is_file() for r in record["rounds"])
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_stops_the_run_with_a_clear_error_and_a_rerun_resumes(sources, tmp_path, monkeypatch):
     import multiprocessing
     import threading
@@ -158,6 +161,7 @@ def _workers_of(parent: int) -> list[int]:
             if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the workers through /proc (Linux)")
 def test_a_worker_killed_by_the_system_ends_the_cli_with_the_infrastructure_exit_code(sources, tmp_path):
     """Not 2 (a user error) nor a traceback: one line, exit code 4, and the rerun resumes to 0."""

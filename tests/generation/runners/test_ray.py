@@ -33,6 +33,8 @@ from medbanana.generation.runners.session import in_shard
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.testing.fake_gemini import FakeGemini
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("ray", reason="ray is not installed: pip install 'medbanana[ray]'")
 
 KEY = "ray-test-key-0c3f"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fake_runs import mimic_sources, use_fake_gemini
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
@@ -63,6 +64,7 @@ def _tasks(run_dir: Path) -> dict[str, tuple]:
     return found
 
 
+@pytest.mark.slow
 def test_the_array_recipe_run_as_slurm_would_merges_into_the_single_run(tmp_path, monkeypatch):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_slurm", disease="Pleural_Effusion", per_class=1)
     runs, bin_dir, jobs = tmp_path / "runs", tmp_path / "bin", tmp_path / "jobs"

@@ -26,6 +26,7 @@ def test_available_cpus_is_the_affinity_lowered_by_the_cgroup_quota(tmp_path, cp
     assert processes.available_cpus(tmp_path / "absent") == mask  # no cgroup v2 file: the mask alone
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_workers_auto_spawns_one_worker_per_cpu_capped_by_concurrency(tmp_path, monkeypatch, concurrency):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_auto", disease="Pleural_Effusion", per_class=1)

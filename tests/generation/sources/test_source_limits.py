@@ -8,6 +8,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import pytest
 from medbanana.cli import build_parser, main
 from medbanana.generation.rundir import layout
 from medbanana.generation.sources.prepare import REPORT, read_prepare_manifest
@@ -36,6 +37,7 @@ def failures(run_dir: Path, dataset: str) -> dict[str, dict]:
 
 
 # --- generate --max-pixels -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_issue_png_is_a_source_error_from_its_header_in_little_memory(tmp_path):
     normal = tmp_path / "sources" / "MIMIC_bomb" / "normal"
     normal.mkdir(parents=True)
