@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..generation.files import atomic_write_bytes
 from ..generation.rundir import layout
 
 MANIFEST = "SHA256SUMS"
@@ -65,7 +66,7 @@ def write_manifest(folder: Path, known: dict[str, str] | None = None) -> Path:
     known = known or {}
     lines = [manifest_line(known.get(rel) or sha256_file(folder / rel), rel) for rel in _listed_files(folder)]
     target = folder / MANIFEST
-    target.write_text("".join(lines), encoding="utf-8", errors="surrogateescape")
+    atomic_write_bytes(target, "".join(lines).encode("utf-8", errors="surrogateescape"))
     return target
 
 

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..generation.extras import require
+from ..generation.files import write_figure
 from ..generation.records import RUBRIC_WEIGHTS
 from .output import FIGURE
 from .stats import BuildStats
@@ -157,7 +158,7 @@ def _no_data(ax, empty: bool) -> None:
 
 def save_figure3(stats: BuildStats, path: Path) -> Path:
     path = Path(path)
-    figure3(stats).savefig(path, dpi=110)
+    write_figure(figure3(stats), path, dpi=110)
     return path
 
 

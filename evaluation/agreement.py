@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ..builder.tables import Table
+from ..generation.files import atomic_write_text
 from ..generation.records import VERDICT_BOOLEANS, as_bool, strict_bool
 from .inputs import Sample, image_bytes
 from .judging import judge_once, labels
@@ -172,9 +173,8 @@ def run_agreement(make_samples: Callable[[], Iterator[Sample]], out: Path, *, ju
     results = asyncio.run(collect(make_samples(), chosen, judge, repeats, concurrency))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "verdicts.jsonl", "w", encoding="utf-8") as fh:
-        for entry in results.values():
-            fh.write(json.dumps({**entry, "human": human.get(entry["id"]) if human else None}) + "\n")
+    atomic_write_text(out / "verdicts.jsonl", "".join(
+        json.dumps({**entry, "human": human.get(entry["id"]) if human else None}) + "\n" for entry in results.values()))
     report = {"settings": settings or {}, "edits": len(results),
               "judge_errors": sum(bool(e["errors"]) for e in results.values())}
     lines = ["# Judge agreement", ""]
@@ -195,8 +195,8 @@ def run_agreement(make_samples: Callable[[], Iterator[Sample]], out: Path, *, ju
         report["judge_labels"] = {"recorded": sum(bool(e["recorded"]) for e in results.values()),
                                   "judged_now": sum(not e["recorded"] and bool(e["repeats"]) for e in results.values())}
         lines += ["## Agreement with human labels", "", *_agreement_lines(agreement, out), ""]
-    (out / "agreement.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    atomic_write_text(out / "agreement.json", json.dumps(report, indent=2))
+    atomic_write_text(out / "report.md", "\n".join(lines))
     return report
 
 

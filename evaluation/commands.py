@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..generation import backends
+from ..generation.files import atomic_write_text
 from ..generation.rundir.lock import hold_lock
 from .failures import eval_exit_code, first_time
 from .sent import check_judge_destination
@@ -345,7 +346,7 @@ def _report_attention(args, make_samples) -> None:
               file=sys.stderr)
     for line in attention_warnings(report):
         print(f"warning: --attention: {line}", file=sys.stderr)
-    (Path(args.out) / "attention.json").write_text(json.dumps(report, indent=2))
+    atomic_write_text(Path(args.out) / "attention.json", json.dumps(report, indent=2))
     for disease, row in report["by_disease"].items():
         rois = ", ".join(f"{kind} {n:,}" for kind, n in row["roi"].items())
         print(f"attention {disease}: n {row['n']}, mean IoU {row['mean_iou']:.3f}, "

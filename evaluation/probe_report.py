@@ -10,10 +10,13 @@ and the sections appended to report.md.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 from pathlib import Path
 
 from ..builder.tables import Table
+from ..generation.files import atomic_write_text, open_owned, write_figure
 
 FEW_SOURCES = 20
 SEPARABILITY_NOTE = (
@@ -127,9 +130,8 @@ def write_probe_outputs(out: Path, separability: dict | None, counterfactual: di
                 f"{d} {n:,}" for d, n in sorted(counterfactual["not_covered"].items())) + ".", ""]
     _write_sample_columns(out / "probe_samples.csv", separability, counterfactual)
     report = out / "report.md"
-    existing = report.read_text(encoding="utf-8") if report.is_file() else "# Edit evaluation\n"
-    report.write_text(existing.rstrip("\n") + "\n\n" + "\n".join(sections + [f"- {n}" for n in notes]),
-                      encoding="utf-8")
+    existing = _read_own(report) or "# Edit evaluation\n"
+    atomic_write_text(report, existing.rstrip("\n") + "\n\n" + "\n".join(sections + [f"- {n}" for n in notes]))
     return notes
 
 
@@ -143,8 +145,17 @@ def _section(out: Path, name: str, title: str, result: dict, make_table, make_fi
     return [f"## {title}", "", note, "", table.markdown(), ""]
 
 
+def _read_own(path: Path) -> str | None:
+    """The text of eval's own report at `path` (None if there is none), never read through a link or from a FIFO."""
+    try:
+        with os.fdopen(open_owned(path), "rb") as fh:
+            return fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
 def _dump(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=float), encoding="utf-8")
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False, default=float))
 
 
 def _write_sample_columns(path: Path, separability: dict | None, counterfactual: dict | None) -> None:
@@ -159,10 +170,11 @@ def _write_sample_columns(path: Path, separability: dict | None, counterfactual:
     columns = ["id", "p_edit_raw", "p_edit_controlled", "p_source", "p_edit", "delta", "crossed", "other_change"]
     if any("p_edit_raw_pretrained" in row for row in rows.values()):
         columns[3:3] = ["p_edit_raw_pretrained", "p_edit_controlled_pretrained"]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows.values())
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows.values())
+    atomic_write_text(path, buffer.getvalue())
 
 
 def _figure(draw, result: dict, path: Path) -> list[str]:
@@ -176,7 +188,7 @@ def _figure(draw, result: dict, path: Path) -> list[str]:
     fig = draw(plt, result)
     if fig is None:
         return []
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    write_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return []
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import itertools
 import json
 import os
@@ -138,6 +139,13 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, obj) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8"))
+
+
+def write_figure(fig, path: Path, **savefig) -> None:
+    """A matplotlib figure saved as `path` by `atomic_write_bytes` (savefig itself would write through a link)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", **savefig)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def same_bytes(a: Path, b: Path) -> bool:

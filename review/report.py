@@ -23,7 +23,7 @@ from pathlib import Path
 from ..builder.tables import Table
 from ..evaluation.agreement import human_agreement
 from ..generation.extras import require
-from ..generation.files import atomic_write_text
+from ..generation.files import atomic_write_text, write_figure
 from ..generation.records import VERDICT_BOOLEANS, as_bool
 from .reliability import (
     MIN_UNITS_FOR_INTERVAL,
@@ -370,7 +370,7 @@ def _draw_bars(plt, path: Path, title: str, series: dict[str, list[tuple[str, di
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
     ax.set_title(title + " (whiskers: 95 % interval)")
     ax.legend(fontsize=8, loc="best")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    write_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -391,5 +391,5 @@ def _draw_confusions(plt, path: Path, matrices: list[tuple[str, dict]]) -> None:
         ax.set_ylabel("judge")
         ax.set_title(dim, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    write_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
