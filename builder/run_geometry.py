@@ -82,7 +82,10 @@ def alignment_note(counts: Counter, sources: dict | None) -> str:
              "rejected": "rejected before the judge (`failed` rows only, with the guard's verdict)",
              "kept": "kept as they came (`aligned` false)"}
     parts = [f"{n:,} {words[k]}" for k, n in moved.items() if n]
+    if len(parts) == 1:  # one fate for all: its count once, not twice
+        parts = [f"all {words[next(k for k, n in moved.items() if n)]}"]
     unmeasured = counts[(RECORDED, "unmeasured")] + counts[(COMPUTED, "unmeasured")]
     return (f"Of the attempt images, {'; '.join(told)}. **Misaligned attempts** (the frame moved beyond the "
-            f"tolerances): {sum(moved.values()):,}" + (f": {', '.join(parts)}" if parts else "")
+            f"tolerances): {sum(moved.values()):,}" + (f", {parts[0]}" if len(parts) == 1 else
+                                                       f": {', '.join(parts)}" if parts else "")
             + (f"; {unmeasured:,} could not be measured (null)" if unmeasured else "") + ".")
