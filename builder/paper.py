@@ -17,7 +17,7 @@ from ..generation.extras import require
 from ..generation.records import RUBRIC_WEIGHTS
 from .output import FIGURE
 from .stats import BuildStats
-from .tables import Table
+from ..generation.tables import Table
 
 EVAL_EXTRA = "pip install 'medbanana[eval]'"
 TOP_REASONS = 10

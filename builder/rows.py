@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..generation.records import verdict_values
-from ..generation.taxonomy import load_taxonomy
+from ..generation.taxonomy import canonical_prompt
 from .run_geometry import alignment_columns
 from .runs import AttemptRecord, TaskRecord
 from .safety import Confined
@@ -51,17 +50,6 @@ def split_of(source_id: str, test_fraction: float) -> str:
         return "train"
     digest = hashlib.sha256(source_id.encode("utf-8")).digest()
     return "test" if int.from_bytes(digest[:8], "big") / 2**64 < test_fraction else "train"
-
-
-def canonical_prompt(task: TaskRecord) -> str:
-    """The task in one sentence, e.g. "Add a pleural effusion to this chest X-ray."."""
-    return canonical_instruction(task.disease, task.modality, task.direction)
-
-
-@lru_cache(maxsize=1024)
-def canonical_instruction(disease: str, modality: str | None, direction: str) -> str:
-    """`canonical_prompt` from the task's fields (a row's, for readers of a built dataset)."""
-    return load_taxonomy().task_sentence(disease, modality, direction)
 
 
 def identity(task: TaskRecord) -> dict:

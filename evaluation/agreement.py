@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from ..builder.tables import Table
+from ..generation.tables import Table
 from ..generation.records import VERDICT_BOOLEANS, as_bool, strict_bool
 from .inputs import Sample, image_bytes
 from .judging import judge_once, labels

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from ..builder.tables import Table, mean
+from ..generation.tables import Table, mean
 from ..generation.files import atomic_write_text, open_append, read_jsonl
 from ..generation.geometry import estimate_geometry, registered
 from ..generation.mask_check import MAX_MASK_PIXELS, header_size, read_checked_mask

@@ -40,14 +40,13 @@ import numpy as np
 from ..builder import CONFIG_NAMES
 from ..builder.dataset_folder import shard_files
 from ..builder.output import BUILD_INFO
-from ..builder.rows import canonical_prompt
 from ..builder.runs import discover_units, read_tasks
 from ..builder.safety import Refused, inside
 from ..builder.sources import SourceIndex
 from ..generation.records import VERDICT_FIELDS, decode_rgb, verdict_values
 from ..generation.rundir import schema
 from ..generation.rundir.layout import IMAGE_SUFFIXES
-from ..generation.taxonomy import DIRECTIONS, load_taxonomy
+from ..generation.taxonomy import DIRECTIONS, canonical_prompt, load_taxonomy
 
 MANIFEST_NAMES = ("samples.jsonl", "samples.csv")
 REQUIRED = ("id", "source", "edited", "instruction", "disease", "direction")

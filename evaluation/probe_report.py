@@ -13,7 +13,7 @@ import csv
 import json
 from pathlib import Path
 
-from ..builder.tables import Table
+from ..generation.tables import Table
 
 FEW_SOURCES = 20
 SEPARABILITY_NOTE = (

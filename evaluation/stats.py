@@ -17,7 +17,7 @@ from ..builder.paper import (FIGURE, PANEL_TITLES, TOP_REASONS, card_section, fa
 from ..builder.run_readers import read_built_conversations
 from ..builder.runs import TaskRecord, discover_units, read_tasks
 from ..builder.stats import BuildStats
-from ..builder.tables import Table
+from ..generation.tables import Table
 from ..generation.extras import MissingExtra
 from .inputs import input_kind
 

@@ -131,3 +131,15 @@ class Taxonomy:
 def load_taxonomy() -> Taxonomy:
     text = resources.files("medbanana.generation").joinpath("taxonomy.json").read_text(encoding="utf-8")
     return Taxonomy(json.loads(text))
+
+
+def canonical_prompt(task) -> str:
+    """The task in one sentence, e.g. "Add a pleural effusion to this chest X-ray.", from anything with its
+    `disease`, `modality` and `direction` (a task record, an evaluation sample)."""
+    return canonical_instruction(task.disease, task.modality, task.direction)
+
+
+@lru_cache(maxsize=1024)
+def canonical_instruction(disease: str, modality: str | None, direction: str) -> str:
+    """`canonical_prompt` from the task's fields (a row's, for readers of a built dataset)."""
+    return load_taxonomy().task_sentence(disease, modality, direction)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..builder.output import (BuildError, check_placement, finish_interrupted_swap, move_into_place, output_lock,
                               remove_stale_staging)
-from ..builder.rows import canonical_instruction  # the one-sentence task, as dpo_pairs' `prompt`
+from ..generation.taxonomy import canonical_instruction  # the one-sentence task, as dpo_pairs' `prompt`
 from ..generation.files import atomic_write_text
 from ..generation.mask_check import check_mask
 from ..generation.records import decode_rgb, open_image

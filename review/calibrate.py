@@ -4,7 +4,7 @@ The candidate rules form a chain fixed before any label is read: every score lev
 first), or the booleans' chain (qualified, then all three optional rubric booleans, then fewer). For each, the
 edits it would accept are each task's first attempt that passes it: the build's accepted edits under that rule.
 Its labelled ones are a random sample of them (the calibration sample is drawn from every judged attempt), so the
-experts' approvals among them test "precision < P" exactly (builder/guarantee.py); Learn-then-Test's fixed
+experts' approvals among them test "precision < P" exactly (generation/guarantee.py); Learn-then-Test's fixed
 sequence keeps, among the rules rejected before the first that is not, the one of largest yield. Per modality,
 each modality has its own chain at delta / M. A candidate whose labelled accepted edits are too few to pass even
 if all were approved is passed over (that depends on the sample, not on the labels).
@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..builder.guarantee import (StratumCount, clopper_pearson_lower, labels_needed, min_labels, precision_p_value,
+from ..generation.guarantee import (StratumCount, clopper_pearson_lower, labels_needed, min_labels, precision_p_value,
                                  stratified_lower_bound, stratified_p_value)
 from ..evaluation.agreement import cohen_kappa
 from ..generation.acceptance import (OPTIONAL_DIMENSIONS, POLICY_FORMAT, POLICY_VERSION, AcceptanceRule, Criterion,

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 
-from ..builder.rows import canonical_prompt
+from ..generation.taxonomy import canonical_prompt
 from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples, recorded_sources
 from ..generation.records import decode_rgb
 from ..generation.rundir import layout

@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
-from ..builder.tables import Table
+from ..generation.tables import Table
 from ..evaluation.agreement import human_agreement
 from ..generation.extras import require
 from ..generation.files import atomic_write_text
