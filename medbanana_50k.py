@@ -21,12 +21,12 @@ from pathlib import Path
 import datasets
 
 from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
-from .builder.run_geometry import fill_geometry
-from .builder.run_masks import MaskFolders, Rejections, row_masks
+from .generation.rundir.alignment import fill_geometry
+from .generation.rundir.stored_masks import MaskFolders, Rejections, row_masks
 from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
-from .builder.runs import discover_units, read_tasks
-from .builder.safety import Confined
-from .builder.sources import SourceIndex
+from .generation.rundir.runs import discover_units, read_tasks
+from .generation.rundir.confined import Confined
+from .generation.rundir.source_index import SourceIndex
 
 _DESCRIPTION = ("Instruction-based medical image edits (chest X-ray, brain MRI, fundus; add or remove a finding), "
                 "judged with a medical rubric and refined over several rounds, keeping every attempt.")

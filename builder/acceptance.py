@@ -20,7 +20,7 @@ from ..generation.acceptance import AcceptanceRule
 from ..generation.records import as_bool, verdict_values
 from ..generation.guarantee import PPIStratum, ppi_mean
 from .review_folder import CALIBRATION, IN_TURNS, ReviewFolder
-from .runs import TaskRecord
+from ..generation.rundir.task_records import TaskRecord
 from .stats import BuildStats
 
 MIN_STRATUM_LABELS = 2  # labels a stratum holding accepted edits needs for its error to be estimated

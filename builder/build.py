@@ -41,10 +41,11 @@ from .parquet import ConfigSchema, finalize_shards
 from .partition import PartitionSpec, error_line, partition_worker, build_partition
 from .reviews import open_reviews, reviewed_uids, write_reviews
 from .rows import IMAGE_CONFIGS
-from .runs import (Unit, discover_units, recorded_destinations, recorded_max_rounds, recorded_partial, recorded_signing,
-                   task_keys, unit_size)
-from .safety import POLICIES, Refused
-from .sources import SourceIndex
+from ..generation.rundir.confined import POLICIES, Refused
+from ..generation.rundir.runs import (discover_units, recorded_destinations, recorded_max_rounds, recorded_partial,
+                                      recorded_signing, task_keys, unit_size)
+from ..generation.rundir.source_index import SourceIndex
+from ..generation.rundir.task_records import Unit
 from .stats import BuildStats
 
 DEFAULT_MAX_ROUNDS = 5

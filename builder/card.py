@@ -22,8 +22,8 @@ from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from ..generation.rundir.schema import STATUSES
 from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
 from ..generation.masks import MASK_METHOD, RECOMPUTE
-from .run_geometry import alignment_note
-from .run_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
+from ..generation.rundir.alignment import alignment_note
+from ..generation.rundir.stored_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
 from .output import BUILD_INFO
 from .cost_note import cost_json, cost_note
 from .paper import card_section
@@ -141,7 +141,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
 
 
 def mask_note(origins: Counter, sources: dict | None) -> str:
-    """What the mask columns hold in this build (`origins`: run_masks' counts of the attempt images' edit masks by
+    """What the mask columns hold in this build (`origins`: stored_masks' counts of the attempt images' edit masks by
     where they came from), how they were computed and how to recompute them."""
     how = (f"Masks are computed by medbanana from the images, not drawn by annotators ({MASK_METHOD}); recompute "
            f"or vary them with `{RECOMPUTE}`.")  # our own constant: no data in it

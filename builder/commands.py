@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import CONFIG_NAMES
 from ..generation.vocabulary import old_spelling
-from .safety import POLICIES
+from ..generation.rundir.confined import POLICIES
 
 
 def register(subparsers) -> None:

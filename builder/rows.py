@@ -3,7 +3,7 @@
 Both the parquet build (`builder.build`) and the loading builder (`medbanana_50k.py`) call `ROW_ITERATORS`.
 Images are `{"bytes": <the file's bytes as they are>, "path": <path relative to the run>}` or None (missing);
 masks (`edit_mask`, `region_mask`) come computed per task (`masks.task_masks`), or None without a source; the
-alignment columns from each attempt's geometry (run_geometry.py).
+alignment columns from each attempt's geometry (rundir/alignment.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from ..generation.records import verdict_values
 from ..generation.taxonomy import canonical_prompt
-from .run_geometry import alignment_columns
-from .runs import AttemptRecord, TaskRecord
-from .safety import Confined
+from ..generation.rundir.alignment import alignment_columns
+from ..generation.rundir.task_records import AttemptRecord, TaskRecord
+from ..generation.rundir.confined import Confined
 
 if TYPE_CHECKING:
     from ..generation.records import TaskMasks
@@ -29,7 +29,7 @@ def load_images(task: TaskRecord, confined: Confined | None = None) -> Images:
     """Every attempt image of a task, read once, as stored on disk (no decoding).
 
     Each is read only from inside the folder the user named (the run, or `task.scope`) and only when it is a JPEG
-    or PNG image; otherwise `safety.Refused` is raised naming the file and the entry that named it. `confined`
+    or PNG image; otherwise `confined.Refused` is raised naming the file and the entry that named it. `confined`
     shares resolved folders between tasks."""
     confined = confined or Confined()
     images: Images = {}

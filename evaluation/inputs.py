@@ -15,12 +15,12 @@
 2. A folder written by ``medbanana build`` and one of its configs holding source and edited images (sft,
    failed, judge); source images come from the rows, or from ``source_images`` when the build left them out.
 3. A run directory (or one ``{D}-edit`` folder of it), ours or the original scripts' layout (read by
-   ``builder.runs``): the accepted edits, or every attempt that produced an image; sources from ``source_images``.
+   ``generation.rundir.runs``): the accepted edits, or every attempt that produced an image; sources from ``source_images``.
    The sources folder a run records (``sources_root`` in medbanana-run.json) is a path written on the machine that
    made the run: it is named in the message, never followed (`sources_notice`).
 
 Images a run's data names (attempt images, sources looked up by task, model outputs by uid) are read only from inside
-the folder the user named (``builder.safety``); one that leads outside is that sample's error, never read.
+the folder the user named (``generation.rundir.confined``); one that leads outside is that sample's error, never read.
 With ``edits`` (dataset and run inputs), the edit scored is a model's output ``EDITS/<uid>.png|.jpg|.jpeg`` and
 the dataset's or run's edit becomes the ground truth. Sample ids of dataset and run inputs are ``<uid>#<round>``
 (the bare uid where the round is unknown).
@@ -40,9 +40,9 @@ import numpy as np
 from ..builder import CONFIG_NAMES
 from ..builder.dataset_folder import shard_files
 from ..builder.output import BUILD_INFO
-from ..builder.runs import discover_units, read_tasks
-from ..builder.safety import Refused, inside
-from ..builder.sources import SourceIndex
+from ..generation.rundir.runs import discover_units, read_tasks
+from ..generation.rundir.confined import Refused, inside
+from ..generation.rundir.source_index import SourceIndex
 from ..generation.records import VERDICT_FIELDS, decode_rgb, verdict_values
 from ..generation.rundir import schema
 from ..generation.rundir.layout import IMAGE_SUFFIXES

@@ -1,6 +1,6 @@
 """`medbanana stats`: the paper's Table 1, Table 2 and Figure 3, regenerated from run metadata alone.
 
-Inputs are run directories (any layout `builder.runs` reads) or folders written by `medbanana build` (their
+Inputs are run directories (any layout `generation.rundir.runs` reads) or folders written by `medbanana build` (their
 `conversations` config). Counting is `builder.stats.BuildStats`'s and the tables and figure are `builder.paper`'s,
 the same numbers and the same markdown as the dataset card's.
 """
@@ -14,8 +14,9 @@ from pathlib import Path
 
 from ..builder.paper import (FIGURE, PANEL_TITLES, TOP_REASONS, card_section, failure_reasons_table,  # noqa: F401
                              figure3, require_matplotlib, save_figure3, table1, table2)
-from ..builder.run_readers import read_built_conversations
-from ..builder.runs import TaskRecord, discover_units, read_tasks
+from ..generation.rundir.readers import read_built_conversations
+from ..generation.rundir.runs import discover_units, read_tasks
+from ..generation.rundir.task_records import TaskRecord
 from ..builder.stats import BuildStats
 from ..generation.tables import Table
 from ..generation.extras import MissingExtra

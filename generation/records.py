@@ -369,7 +369,7 @@ class ApiFailure:
 class TaskMasks:
     """One task's masks as Image values (`{"bytes", "path"}`): its region, and each attempt image's edit mask (by
     run-relative path; None where there is none). Computed by generation/masks.py, or read back from what a run
-    stored by builder/run_masks.py, which then imports no scipy."""
+    stored by generation/rundir/stored_masks.py, which then imports no scipy."""
 
     region: dict | None = None
     edits: dict[str, dict | None] = field(default_factory=dict)

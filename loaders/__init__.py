@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from ..builder.sources import SourceIndex, looked_for
+from ..generation.rundir.source_index import SourceIndex, looked_for
 from .hub import load_medbanana, to_pandas
 from .trl import convert, to_diffusion_dpo, to_editor_sft, to_judge_sft, to_refiner_dpo
 
@@ -31,7 +31,7 @@ def attach_sources(ds, source_dir: str | Path, *, strict: bool = False):
     `source_image` (counted in a warning), or raise a ValueError when `strict`; a folder with no image, or (not
     streaming) matching no row, is a ValueError. Other columns, images included, are not touched.
     Only files inside `source_dir` are read (a symlink leading out of it is refused) and only JPEG or PNG images
-    are attached: either refusal raises `medbanana.builder.safety.Refused` (a ValueError) naming the file.
+    are attached: either refusal raises `medbanana.generation.rundir.confined.Refused` (a ValueError) naming the file.
     """
     if isinstance(ds, dict):  # DatasetDict / IterableDatasetDict
         return type(ds)({split: attach_sources(part, source_dir, strict=strict) for split, part in ds.items()})

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..builder.review_folder import CALIBRATION
-from ..builder.runs import discover_units, read_tasks
+from ..generation.rundir.runs import discover_units, read_tasks
 from ..evaluation.agreement import read_human_labels
 from ..evaluation.inputs import input_kind, sample_id
 from ..generation.records import VERDICT_FIELDS, verdict_values

@@ -315,7 +315,7 @@ def build_json_keys() -> set[str]:
 
 
 def test_the_name_patterns_find_what_the_prose_names():
-    runs = prose(ROOT / "builder" / "runs.py")
+    runs = prose(ROOT / "generation" / "rundir" / "runs.py")
     assert "generation.rundir.layout" in {m[1] for m in STAGE_DOTTED.finditer(runs)}
     assert "layout.inside" in {m[1] for m in BACKTICKED.finditer("written only inside --out (`layout.inside`, links")}
     text = "`generation.layout`, generation.lock.LockHeld, `run_json.nothing`, `RunStore.nothing`, (pipeline.py)"

@@ -28,6 +28,7 @@ API_FAILURES = "api_failures.json"
 FINAL_PROMPTS = "final_prompts.json"
 ALL_CONVERSATIONS = "all_conversations.json"
 FAILED_SUMMARY = "failed_summary.json"
+RECORDS_JSONL = "records.jsonl"  # the paper's §5.2 records, at the top of a run directory (read, never written)
 # Ours, at the run directory's top level.
 JOURNAL = "medbanana-journal.jsonl"
 RUN_CONFIG = "medbanana-run.json"

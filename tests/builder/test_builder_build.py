@@ -162,7 +162,7 @@ def test_parallel_build_writes_the_same_rows(builder_ours_run, tmp_path):
 
 def test_partition_plan_covers_every_task_once(builder_ours_run):
     from medbanana.builder.build import discover_all, plan_partitions
-    from medbanana.builder.runs import read_tasks
+    from medbanana.generation.rundir.runs import read_tasks
 
     units = discover_all([builder_ours_run])
     all_uids = sorted(t.uid for u in units for t in read_tasks(u))

@@ -14,7 +14,7 @@ from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
 from medbanana.builder import features
 from medbanana.generation.rundir import schema as run_schema
 from medbanana.generation.rundir.schema import attempt_from_round
-from medbanana.builder.runs import discover_units, read_tasks
+from medbanana.generation.rundir.runs import discover_units, read_tasks
 from medbanana.evaluation.agreement import read_human_labels
 from medbanana.generation import records
 from medbanana.generation.records import (FALSE_WORDS, TRUE_WORDS, VERDICT_COLUMNS, VERDICT_FIELDS, Attempt, Instruction,

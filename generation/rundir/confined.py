@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..generation.rundir import layout
+from . import layout
 
 POLICIES = ("error", "skip")
 OUTSIDE = "outside its root"  # kinds of refusal, as counted in the build's statistics

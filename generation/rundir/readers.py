@@ -6,7 +6,7 @@ or remove, a status is known, round numbers are distinct, a success names one of
 is a boolean (or "true"/"false"), numbers fit their columns, and every image path the entry implies (from
 `dataset`, `source_id`, the task key, the disease) or records (`final_image`) stays inside the folder the user
 named. Entries whose files disagree are refused too: a `success_round` whose edit failed (no image to accept), a
-success in progress.json with no entry in all_conversations.json. A bad entry is a `safety.Refused` naming the
+success in progress.json with no entry in all_conversations.json. A bad entry is a `confined.Refused` naming the
 file, the entry and the field; the caller's policy raises it or records it.
 """
 
@@ -17,13 +17,11 @@ from pathlib import Path
 
 import msgspec
 
-from ..generation.records import VERDICT_FIELDS, json_bool, task_uid
-from ..generation.rundir import layout
-from ..generation.taxonomy import DIRECTIONS, load_taxonomy
-from . import run_json
-from ..generation.rundir import schema
-from .runs import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_modality
-from .safety import INCONSISTENT, MALFORMED, Confined, Refused, handle
+from ..records import VERDICT_FIELDS, json_bool, task_uid
+from ..taxonomy import DIRECTIONS, load_taxonomy
+from . import layout, run_json, schema
+from .confined import INCONSISTENT, MALFORMED, Confined, Refused, handle
+from .task_records import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_modality
 
 STATUSES = schema.STATUSES
 _NO_ROUND = object()  # equal to no round number: a task that is not a success accepts none

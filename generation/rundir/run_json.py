@@ -3,7 +3,7 @@ JSON object of tasks may name each task key once; entries are decoded one by one
 refusal naming the file, the entry and the field (msgspec's `$...` path) instead of a traceback.
 
 Errors that make a whole file unreadable (syntax, encoding, a duplicate task key) are ValueErrors that stop the
-build whatever the `--unsafe` policy: there is no entry to leave out. A malformed entry is a `safety.Refused`.
+build whatever the `--unsafe` policy: there is no entry to leave out. A malformed entry is a `confined.Refused`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import msgspec
 
-from ..generation.rundir import schema
-from .safety import MALFORMED, Refused, inside
+from . import schema
+from .confined import MALFORMED, Refused, inside
 
 ENTRIES = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _CHUNK = 1 << 20
@@ -33,7 +33,7 @@ _END = re.compile(rb"\s*\}\s*\Z")
 
 def load(run_dir: Path, relative: str, named_by: str, scope: str | None = None):
     """The bytes of a JSON file inside the run (a read-only mapping, or b"" when empty); None when absent.
-    Raises Refused when the path leads outside the run, or outside `scope` (`safety.inside`), e.g. by a symlink."""
+    Raises Refused when the path leads outside the run, or outside `scope` (`confined.inside`), e.g. by a symlink."""
     path = inside(run_dir, relative, named_by, scope)
     if not path.is_file():
         return None
