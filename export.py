@@ -53,7 +53,7 @@ def register(sub) -> None:
 def run_medebench(args) -> int:
     from tqdm import tqdm
 
-    from .builder.output import BuildError
+    from .generation.dataset.output import BuildError
     from .loaders.medebench import REPORT, export_medebench
 
     bar = None

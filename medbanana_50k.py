@@ -20,7 +20,8 @@ from pathlib import Path
 
 import datasets
 
-from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
+from .generation.dataset.configs import CONFIG_NAMES, DEFAULT_CONFIG
+from .generation.dataset.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES
 from .generation.rundir.alignment import fill_geometry
 from .generation.rundir.stored_masks import MaskFolders, Rejections, row_masks
 from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of

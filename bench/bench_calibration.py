@@ -32,7 +32,7 @@ from pathlib import Path
 from medbanana.builder.acceptance import ExpertLabel as BuildLabel
 from medbanana.builder.acceptance import expert_approval, note_judged, redecide
 from medbanana.generation.guarantee import clopper_pearson
-from medbanana.builder.review_folder import CALIBRATION
+from medbanana.generation.dataset.review_folder import CALIBRATION
 from medbanana.generation.rundir.runs import discover_units, read_tasks
 from medbanana.builder.stats import BuildStats
 from medbanana.evaluation.inputs import Sample

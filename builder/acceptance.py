@@ -19,7 +19,7 @@ import msgspec
 from ..generation.acceptance import AcceptanceRule
 from ..generation.records import as_bool, verdict_values
 from ..generation.guarantee import PPIStratum, ppi_mean
-from .review_folder import CALIBRATION, IN_TURNS, ReviewFolder
+from ..generation.dataset.review_folder import CALIBRATION, IN_TURNS, ReviewFolder
 from ..generation.rundir.task_records import TaskRecord
 from .stats import BuildStats
 

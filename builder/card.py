@@ -20,11 +20,12 @@ from string import Template
 
 from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
 from ..generation.rundir.schema import STATUSES
-from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
+from ..generation.dataset.configs import DEFAULT_CONFIG
+from ..generation.dataset.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES
 from ..generation.masks import MASK_METHOD, RECOMPUTE
 from ..generation.rundir.alignment import alignment_note
 from ..generation.rundir.stored_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
-from .output import BUILD_INFO
+from ..generation.dataset.folder import BUILD_INFO
 from .cost_note import cost_json, cost_note
 from .paper import card_section
 from .stats import UNMARKED, BuildStats

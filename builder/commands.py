@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import CONFIG_NAMES
+from ..generation.dataset.configs import CONFIG_NAMES
 from ..generation.vocabulary import old_spelling
 from ..generation.rundir.confined import POLICIES
 
@@ -206,7 +206,7 @@ def run_upload(args) -> int:
 
 
 def run_verify(args) -> int:
-    from .manifest import verify_manifest
+    from ..generation.dataset.manifest import verify_manifest
 
     if args.folder is None and args.run is None:
         print("medbanana verify: error: give a dataset folder DIR, or --run RUN_DIR", file=sys.stderr)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..generation.extras import require
 from ..generation.records import RUBRIC_WEIGHTS
-from .output import FIGURE
+from ..generation.dataset.folder import FIGURE
 from .stats import BuildStats
 from ..generation.tables import Table
 

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..builder import CONFIG_NAMES
-from ..builder.dataset_folder import shard_files
-from ..builder.output import BUILD_INFO
+from ..generation.dataset.configs import CONFIG_NAMES
+from ..generation.dataset.folder import shard_files
+from ..generation.dataset.folder import BUILD_INFO
 from ..generation.rundir.runs import discover_units, read_tasks
 from ..generation.rundir.confined import Refused, inside
 from ..generation.rundir.source_index import SourceIndex
@@ -205,7 +205,7 @@ def dataset_samples(folder: Path, config: str, split: str | None, source_images:
 
 def _shards(folder: Path, config: str, split: str | None) -> list[Path]:
     """The config's shards (of `split`, or every split) in a built folder: its own regular files alone, each
-    footer checked (builder/dataset_folder.py; Unreadable, a ValueError naming the file, otherwise)."""
+    footer checked (generation/dataset/folder.py; Unreadable, a ValueError naming the file, otherwise)."""
     found = shard_files(folder, config, _SHARD_COLUMNS)
     return [Path(f) for name, files in sorted(found.items()) if split in (None, name) for f in files]
 

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..builder.output import BUILD_INFO
+from ..generation.dataset.folder import BUILD_INFO
 from ..generation.destinations import DATA_USE_CLASSES, UNKNOWN, destinations, gate, sources_data_use
 from ..generation.files import not_regular
 from ..generation.rundir import schema

@@ -7,9 +7,11 @@ from pathlib import Path
 import datasets
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
-from ..builder.features import CONFIG_FEATURES, PUBLISHED_CONFIGS, REVIEW_CONFIG, image_columns
+from ..generation.dataset.configs import PUBLISHED_CONFIGS, REVIEW_CONFIG
+from ..generation.dataset.features import CONFIG_FEATURES, image_columns
+from ..generation.dataset.folder import CARD, read_card, shard_files
+from ..generation.dataset.hub import unreachable
 from ..generation.rundir import layout
-from ..builder.dataset_folder import CARD, read_card, shard_files
 
 
 def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str | None = "train",
@@ -19,7 +21,7 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
     `path_or_repo` is a folder written by `medbanana build` or a Hub dataset repo id (ORG/NAME: a bare name that is
     no folder here is refused, and so, at once, is an id when the Hub cannot be reached, unless HF_HUB_OFFLINE
     asks for datasets' cached copy). `split=None` gives every split (a DatasetDict). A folder's rows are its own
-    regular shard files alone (builder/dataset_folder.py: the card's YAML never names a file, a link is refused; a
+    regular shard files alone (generation/dataset/folder.py: the card's YAML never names a file, a link is refused; a
     refusal is a ValueError naming the file). `decode_images=False` gives images as `{"bytes", "path"}` dicts:
     nothing is decoded, and `ds.map` passes the bytes on as they are. Other keyword arguments go to `load_dataset`
     (e.g. `revision`).
@@ -56,8 +58,6 @@ def _check_hub_id(name: str, revision: str | None) -> None:
     asked for that cached copy, and gets it."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import RepositoryNotFoundError
-
-    from ..builder.upload import unreachable
 
     here = f"not a folder in {Path.cwd()}"
     if "/" not in name:  # a Hub dataset id is ORG/NAME: a bare name can only have meant a folder
@@ -112,7 +112,7 @@ def written_as_path(name: str) -> bool:
 
 
 def _load_folder(folder: Path, config: str, split, streaming: bool, load_kwargs: dict):
-    """A local folder's config from its own shards alone (builder/dataset_folder.py): the card is checked, never
+    """A local folder's config from its own shards alone (generation/dataset/folder.py): the card is checked, never
     followed."""
     if "data_files" in load_kwargs:
         raise ValueError("load_medbanana reads a dataset folder's own parquet files: pass split=, not data_files=")

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..builder.output import (BuildError, check_placement, finish_interrupted_swap, move_into_place, output_lock,
+from ..generation.dataset.output import (BuildError, check_placement, finish_interrupted_swap, move_into_place, output_lock,
                               remove_stale_staging)
 from ..generation.taxonomy import canonical_instruction  # the one-sentence task, as dpo_pairs' `prompt`
 from ..generation.files import atomic_write_text
@@ -113,8 +113,8 @@ def _write_and_publish(rows, out: Path, target: Path, dataset: Path, progress, w
 
 def check_split(dataset: Path, split: str | None) -> None:
     """A split DATASET's sft config does not have is refused here, with what it has and how to get a test split."""
-    from ..builder.dataset_folder import shard_files
-    from ..builder.features import CONFIG_FEATURES
+    from ..generation.dataset.folder import shard_files
+    from ..generation.dataset.features import CONFIG_FEATURES
 
     have = sorted(shard_files(dataset, "sft", CONFIG_FEATURES["sft"])) if dataset.is_dir() else []
     if split is None or not have or split in have:

@@ -27,8 +27,9 @@ import tempfile
 import time
 from importlib import resources
 
+from ..generation.dataset.review_folder import MAX_REASON, Answer, ReviewItem
 from ..generation.extras import require
-from .store import MAX_RATER_NAME, MAX_REASON, Answer, NotGiven, ReviewItem, ReviewStore, check_rater_name
+from .store import MAX_RATER_NAME, NotGiven, ReviewStore, check_rater_name
 
 YES_NO = ("Yes", "No")
 RUBRIC_QUESTIONS = (  # Answer field -> the question, in the judge rubric's order; `qualified` last

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..builder.review_folder import DB_NAME, MODES  # the store itself is imported when a form needs it
+from ..generation.dataset.review_folder import DB_NAME, MODES  # the store itself is imported when a form needs it
 
 DEFAULT_ITEMS = 100
 DEFAULT_RATERS = 2

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from ..generation.files import atomic_write_text
 from ..generation.records import VERDICT_BOOLEANS
-from ..builder.review_folder import IN_TURNS
+from ..generation.dataset.review_folder import IN_TURNS, StoredAnswer
 from .reliability import majority
-from .store import ReviewStore, StoredAnswer, check_rater_name
+from .store import ReviewStore, check_rater_name
 
 # `sample` and after: how the item was drawn (calibrate's inputs: its inclusion probability and stratum size in a
 # calibration sample, empty otherwise)

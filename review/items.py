@@ -21,9 +21,10 @@ from ..generation.taxonomy import canonical_prompt
 from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples, recorded_sources
 from ..generation.records import decode_rgb
 from ..generation.rundir import layout
-from ..builder.review_folder import CALIBRATION, ESCALATION, IN_TURNS
+from ..generation.dataset.review_folder import (CALIBRATION, ESCALATION, IMAGES, IN_TURNS, MODES, ReviewItem, ReviewSettings,
+                                                image_name)
 from .blinding import blind_instruction, leakage_warning, round_leakage, round_of
-from .store import IMAGES, MODES, ReviewItem, ReviewSettings, ReviewStore, image_name, refuse_existing
+from .store import ReviewStore, refuse_existing
 
 def outcome(sample: Sample) -> str:
     """accepted | rejected | unjudged: the judge's outcome, one of the sampling strata."""

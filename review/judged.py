@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..builder.review_folder import CALIBRATION
+from ..generation.dataset.review_folder import CALIBRATION
 from ..generation.rundir.runs import discover_units, read_tasks
 from ..evaluation.agreement import read_human_labels
 from ..evaluation.inputs import input_kind, sample_id

@@ -40,8 +40,8 @@ from .reliability import (
     reliability_matrix,
 )
 from .blinding import leakage_warning
-from ..builder.review_folder import CALIBRATION, IN_TURNS
-from .store import ReviewItem, ReviewStore, StoredAnswer
+from ..generation.dataset.review_folder import CALIBRATION, IN_TURNS, ReviewItem, StoredAnswer
+from .store import ReviewStore
 
 NEEDED_FOR = "medbanana review report"
 NO_PAIRS = "no item has two answers"

@@ -22,9 +22,8 @@ import unicodedata
 from dataclasses import asdict
 from pathlib import Path
 
-from ..builder.review_folder import (  # noqa: F401 (the contract's names, for the review stage's modules too)
-    DB_NAME, IMAGES, MAX_REASON, MODES, SCHEMA, Answer, ReviewFolder, ReviewItem, ReviewSettings, StoredAnswer,
-    image_name, item_record)
+from ..generation.dataset.review_folder import (DB_NAME, IMAGES, MAX_REASON, SCHEMA, Answer, ReviewFolder, ReviewItem,
+                                                ReviewSettings, item_record)
 from ..generation.records import VERDICT_BOOLEANS
 
 GUESSES = ("real", "edited")
@@ -92,7 +91,7 @@ def check_answer(mode: str, answer: Answer) -> None:
 
 class ReviewStore(ReviewFolder):
     """The review folder as `medbanana review` uses it: created once, then items assigned and answers stored (its
-    reading, and the tables, are the folder's contract in builder/review_folder.py)."""
+    reading, and the tables, are the folder's contract in generation/dataset/review_folder.py)."""
 
     # ------------------------------------------------------------ creating and opening
 

@@ -18,7 +18,8 @@ BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "gene
         "generation.registration", "generation.vocabulary", "generation.tables", "generation.guarantee"}
 ALLOWED = {
     **{area: BASE for area in BASE},
-    "generation.rundir": BASE,
+    "generation.rundir": BASE,  # the run directory's contract: its names, its writer's files, its readers
+    "generation.dataset": BASE | {"generation.rundir"},  # the dataset and review folders' contracts
     "generation.backends": BASE,
     "generation.sources": BASE | {"generation.rundir"},
     "generation.loop": BASE | {"generation.backends"},
@@ -29,17 +30,18 @@ ALLOWED = {
     # above the stages: a command that spans two of them (generate, then build)
     "demo": BASE | {"generation.commands", "generation.runners", "generation.rundir", "generation.backends",
                     "builder"},
-    "export": BASE | {"builder", "loaders"},  # `medbanana export`: reads built datasets (loaders/medebench.py)
-    "builder": BASE | {"generation.rundir", "package"},
-    "loaders": BASE | {"generation.rundir", "builder"},
-    "medbanana_50k": BASE | {"builder", "generation.rundir"},
-    "evaluation": BASE | {"generation.rundir", "generation.backends", "builder"},
+    "export": BASE | {"generation.dataset", "loaders"},  # `medbanana export`: reads built datasets (loaders/medebench.py)
+    "builder": BASE | {"generation.rundir", "generation.dataset", "package"},
+    "loaders": BASE | {"generation.rundir", "generation.dataset"},
+    # the loading builder: the builder's row iterators over the run readers
+    "medbanana_50k": BASE | {"builder", "generation.rundir", "generation.dataset"},
+    "evaluation": BASE | {"generation.rundir", "generation.dataset", "generation.backends", "builder"},
     "dpo": BASE | {"generation.backends", "loaders"},
-    # review: its store writes the folder whose read contract is the builder's (builder/review_folder.py, what
-    # `--reviews` reads); the rest reads datasets and runs through evaluation's inputs and reports with its agreement
-    # helpers
-    "review.store": BASE | {"builder"},
-    "review": BASE | {"generation.rundir", "builder", "evaluation", "review.store"},
+    # review: its store writes the folder whose read contract is generation/dataset/review_folder.py (what
+    # `build --reviews` reads); the rest reads datasets and runs through evaluation's inputs and reports with its
+    # agreement helpers
+    "review.store": BASE | {"generation.dataset"},
+    "review": BASE | {"generation.rundir", "generation.dataset", "evaluation", "review.store"},
 }
 
 

@@ -15,7 +15,7 @@ from paths import ROOT
 TYPED_MODULES = (
     "generation.records", "generation.taxonomy", "generation.extras", "generation.secrets", "generation.files",
     "generation.loop", "generation.rundir.layout", "generation.rundir.lock", "generation.backends.base",
-    "builder.features", "generation.tables",
+    "generation.dataset.features", "generation.tables",
 )
 
 

@@ -10,7 +10,8 @@ import pytest
 from datasets import Image, load_dataset
 
 from medbanana.builder.build import BuildError, build
-from medbanana.builder.features import CONFIG_FEATURES, CONFIG_NAMES
+from medbanana.generation.dataset.configs import CONFIG_NAMES
+from medbanana.generation.dataset.features import CONFIG_FEATURES
 from medbanana.generation.rundir import layout
 from paths import SHARED_SAMPLES
 

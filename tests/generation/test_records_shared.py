@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
-from medbanana.builder import features
+from medbanana.generation.dataset import features
 from medbanana.generation.rundir import schema as run_schema
 from medbanana.generation.rundir.schema import attempt_from_round
 from medbanana.generation.rundir.runs import discover_units, read_tasks
@@ -149,7 +149,7 @@ def test_builder_never_imports_evaluation():
 def test_the_import_check_sees_relative_imports():
     found = _imports(ROOT / "builder" / "build.py")
     assert "medbanana.builder.paper" in found and "medbanana.generation.rundir.lock" in _imports(
-        ROOT / "builder" / "output.py")
+        ROOT / "generation" / "dataset" / "output.py")
 
 
 def test_a_journalled_round_reads_back_as_the_attempt_that_wrote_it():

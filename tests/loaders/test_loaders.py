@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from medbanana.builder.features import CONFIG_FEATURES, CONFIG_NAMES, VERDICT_FIELDS
+from medbanana.generation.dataset.configs import CONFIG_NAMES
+from medbanana.generation.dataset.features import CONFIG_FEATURES
+from medbanana.generation.records import VERDICT_FIELDS
 from medbanana.generation.prompts import parse_verdict
 from medbanana.loaders import (attach_sources, convert, load_medbanana, to_diffusion_dpo, to_editor_sft,
                                to_judge_sft, to_pandas, to_refiner_dpo)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ..generation.records import VERDICT_BOOLEANS
+from ..records import VERDICT_BOOLEANS
 
 DB_NAME = "review.sqlite"
 IMAGES = "images"  # the folder of the items' images, the only files the page serves

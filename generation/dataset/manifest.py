@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..generation.rundir import layout
+from ..rundir import layout
 
 MANIFEST = "SHA256SUMS"
 _CHUNK = 8 * 2**20

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from datasets import Features, Image, List, Value
 
-from ..generation.records import VERDICT_COLUMNS, VERDICT_FIELDS  # noqa: F401  (VERDICT_FIELDS: re-exported)
-from . import CONFIG_NAMES, DEFAULT_CONFIG, PUBLISHED_CONFIGS, REVIEW_CONFIG  # noqa: F401  (re-exported)
-from ..generation.records import VERDICT_BOOLEANS
+from ..records import VERDICT_BOOLEANS, VERDICT_COLUMNS
+from .configs import REVIEW_CONFIG
 
 IDENTITY = {
     "uid": Value("string"),  # "{dataset}/{add|remove}/{source_id}-{disease}": one editing task, unique in a build
