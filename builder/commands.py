@@ -1,4 +1,5 @@
-"""Subcommands `build`, `upload` and `verify` of the `medbanana` command (the root cli.py calls `register`)."""
+"""Subcommands `build`, `upload`, `verify` and `stats` of the `medbanana` command (the root cli.py calls
+`register`)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,19 @@ def register(subparsers) -> None:
     verify.add_argument("--workers", type=int, metavar="N",
                         help="processes reading manifests (default: one per CPU)")
     verify.set_defaults(func=run_verify)
+
+    stats = subparsers.add_parser(
+        "stats", help="the paper's Table 1, Table 2 and Figure 3 from run metadata",
+        description="Regenerate from metadata alone (no images): Table 1 (per modality and direction: diseases, "
+                    "successes, failures, success rate, average rounds of successful tasks), Table 2 (pass rate "
+                    "of each rubric dimension over all judged attempts, weights, most frequent failure reasons) and "
+                    "Figure 3 (PNG, four panels; needs pip install 'medbanana[eval]'). Writes OUT/table1.{md,csv}, "
+                    "table2.{md,csv}, failure_reasons.{md,csv}, figure3.png, stats.json and report.md.")
+    stats.add_argument("inputs", nargs="+", type=Path, metavar="RUN_DIR|DATASET",
+                   help="run directories (any layout `medbanana build` reads) or built dataset folders")
+    stats.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
+    stats.set_defaults(func=run_stats)
+
 
 
 def run_build(args) -> int:
@@ -250,3 +264,20 @@ def _verify_c2pa(args) -> bool:
         print(f"{label} {target}: " + report.describe())
         ok = report.ok and ok
     return ok
+
+
+def run_stats(args) -> int:
+    from ..generation.dataset.folder import FIGURE
+    from .summary import summarise, write_stats
+
+    summary = summarise(args.inputs)
+    written = write_stats(summary, args.out)
+    stats = summary.stats
+    print(f"{stats.total_tasks():,} tasks ({stats.total_tasks('success'):,} success, "
+          f"{stats.total_tasks('failed'):,} failed, {stats.total_tasks('api_failed'):,} api_failed), "
+          f"{sum(stats.attempts.values()):,} attempts")
+    if written["figure3"] == FIGURE:
+        print(f"wrote {args.out.resolve()}/report.md and {FIGURE}")
+    else:
+        print(f"wrote {args.out.resolve()}/report.md; {FIGURE} {written['figure3']}")
+    return 0

@@ -1,4 +1,4 @@
-"""Subcommands `eval`, `judge-agreement` and `stats` of the `medbanana` command (cli.py calls `register`)."""
+"""Subcommands `eval` and `judge-agreement` of the `medbanana` command (cli.py calls `register`)."""
 
 from __future__ import annotations
 
@@ -77,18 +77,6 @@ def register(subparsers) -> None:
     _add_judge_options(p, default="simulator", allow_none=False, temperature=0.7)
     p.set_defaults(func=run_judge_agreement)
 
-    p = subparsers.add_parser(
-        "stats", help="the paper's Table 1, Table 2 and Figure 3 from run metadata",
-        description="Regenerate from metadata alone (no images): Table 1 (per modality and direction: diseases, "
-                    "successes, failures, success rate, average rounds of successful tasks), Table 2 (pass rate "
-                    "of each rubric dimension over all judged attempts, weights, most frequent failure reasons) and "
-                    "Figure 3 (PNG, four panels; needs pip install 'medbanana[eval]'). Writes OUT/table1.{md,csv}, "
-                    "table2.{md,csv}, failure_reasons.{md,csv}, figure3.png, stats.json and report.md.")
-    p.add_argument("inputs", nargs="+", type=Path, metavar="RUN_DIR|DATASET",
-                   help="run directories (any layout `medbanana build` reads) or built dataset folders")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
-    p.set_defaults(func=run_stats)
-
 
 def _add_input_options(p, default_config: str = "sft") -> None:
     g = p.add_argument_group("built datasets and run directories")
@@ -160,7 +148,8 @@ def _judge(args, cache_dir: Path | None):
 
 
 def _samples(args, attempts: str):
-    from .inputs import input_kind, open_samples
+    from ..generation.dataset.inputs import input_kind
+    from .inputs import open_samples
 
     config = args.config or (args.default_config if input_kind(args.input) == "dataset" else None)
     return lambda: open_samples(args.input, config=config, split=args.split, edits=getattr(args, "edits", None),
@@ -168,7 +157,8 @@ def _samples(args, attempts: str):
 
 
 def run_eval(args) -> int:
-    from .inputs import input_kind, sources_notice
+    from ..generation.dataset.inputs import input_kind
+    from .inputs import sources_notice
 
     if args.source_images is None and input_kind(args.input) == "run":  # a run holds no sources to score with
         raise ValueError(sources_notice(args.input))
@@ -319,7 +309,7 @@ def summary_line(summary: dict) -> str:
 
 def _attention_runs(args) -> list[Path]:
     """The runs --attention reads: --attention-run, else INPUT when it is a run directory (ValueError otherwise)."""
-    from .inputs import input_kind
+    from ..generation.dataset.inputs import input_kind
 
     if args.attention_run:
         for run in args.attention_run:
@@ -374,20 +364,4 @@ def run_judge_agreement(args) -> int:
         print(f"human agreement on qualified: {qualified['agreement']:.1%} over {qualified['edits']} edits, kappa "
               f"{kappa}, too strict {qualified['too_strict']:.1%}, too lenient {qualified['too_lenient']:.1%}")
     print(f"wrote {args.out.resolve()}/report.md")
-    return 0
-
-
-def run_stats(args) -> int:
-    from .stats import FIGURE, summarise, write_stats
-
-    summary = summarise(args.inputs)
-    written = write_stats(summary, args.out)
-    stats = summary.stats
-    print(f"{stats.total_tasks():,} tasks ({stats.total_tasks('success'):,} success, "
-          f"{stats.total_tasks('failed'):,} failed, {stats.total_tasks('api_failed'):,} api_failed), "
-          f"{sum(stats.attempts.values()):,} attempts")
-    if written["figure3"] == FIGURE:
-        print(f"wrote {args.out.resolve()}/report.md and {FIGURE}")
-    else:
-        print(f"wrote {args.out.resolve()}/report.md; {FIGURE} {written['figure3']}")
     return 0

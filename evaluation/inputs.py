@@ -37,9 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..generation.dataset.configs import CONFIG_NAMES
 from ..generation.dataset.folder import shard_files
-from ..generation.dataset.folder import BUILD_INFO
+from ..generation.dataset.inputs import MANIFEST_NAMES, input_kind
 from ..generation.rundir.runs import discover_units, read_tasks
 from ..generation.rundir.confined import Refused, inside
 from ..generation.rundir.source_index import SourceIndex
@@ -48,7 +47,6 @@ from ..generation.rundir import schema
 from ..generation.rundir.layout import IMAGE_SUFFIXES
 from ..generation.taxonomy import DIRECTIONS, canonical_prompt, load_taxonomy
 
-MANIFEST_NAMES = ("samples.jsonl", "samples.csv")
 REQUIRED = ("id", "source", "edited", "instruction", "disease", "direction")
 SCORABLE_CONFIGS = ("sft", "failed", "judge")  # configs whose rows hold a source and an edited image
 _SHARD_COLUMNS = ("uid", "dataset", "modality", "disease", "task")  # what a row must have to be a sample
@@ -97,23 +95,6 @@ def image_bytes(ref: ImageRef) -> bytes:
 
 def read_image(ref: ImageRef) -> np.ndarray:
     return decode_rgb(image_bytes(ref))
-
-
-def input_kind(path: Path) -> str:
-    """manifest | dataset | run."""
-    path = Path(path)
-    if path.is_file():
-        if path.suffix == ".csv":
-            return "manifest"
-        if path.suffix == ".jsonl":
-            first = next((line for line in path.open(encoding="utf-8") if line.strip()), "{}")
-            return "run" if "image_id" in json.loads(first) else "manifest"  # §5.2 records name image_id
-        raise ValueError(f"{path}: an input file is a samples .jsonl or .csv (or a run's records.jsonl)")
-    if any((path / name).is_file() for name in MANIFEST_NAMES):
-        return "manifest"
-    if (path / BUILD_INFO).is_file() or any((path / c).is_dir() for c in CONFIG_NAMES):
-        return "dataset"
-    return "run"
 
 
 def open_samples(path: Path, *, config: str | None = None, split: str | None = None, edits: Path | None = None,

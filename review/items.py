@@ -18,7 +18,8 @@ from itertools import islice
 from pathlib import Path
 
 from ..generation.taxonomy import canonical_prompt
-from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples, recorded_sources
+from ..evaluation.inputs import Sample, image_bytes, open_samples, recorded_sources
+from ..generation.dataset.inputs import input_kind
 from ..generation.records import decode_rgb
 from ..generation.rundir import layout
 from ..generation.dataset.review_folder import (CALIBRATION, ESCALATION, IMAGES, IN_TURNS, MODES, ReviewItem, ReviewSettings,

@@ -17,7 +17,8 @@ from pathlib import Path
 from ..generation.dataset.review_folder import CALIBRATION
 from ..generation.rundir.runs import discover_units, read_tasks
 from ..evaluation.agreement import read_human_labels
-from ..evaluation.inputs import input_kind, sample_id
+from ..evaluation.inputs import sample_id
+from ..generation.dataset.inputs import input_kind
 from ..generation.records import VERDICT_FIELDS, verdict_values
 
 

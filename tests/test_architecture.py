@@ -35,7 +35,7 @@ ALLOWED = {
     "loaders": BASE | {"generation.rundir", "generation.dataset"},
     # the loading builder: the builder's row iterators over the run readers
     "medbanana_50k": BASE | {"builder", "generation.rundir", "generation.dataset"},
-    "evaluation": BASE | {"generation.rundir", "generation.dataset", "generation.backends", "builder"},
+    "evaluation": BASE | {"generation.rundir", "generation.dataset", "generation.backends"},
     "dpo": BASE | {"generation.backends", "loaders"},
     # review: its store writes the folder whose read contract is generation/dataset/review_folder.py (what
     # `build --reviews` reads); the rest reads datasets and runs through evaluation's inputs and reports with its

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..records import VERDICT_FIELDS, json_bool, task_uid
+from ..records import json_bool, task_uid
 from ..taxonomy import DIRECTIONS, load_taxonomy
 from . import layout, run_json, schema
 from .confined import INCONSISTENT, MALFORMED, Confined, Refused, handle
@@ -106,7 +106,7 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
         seconds = raw.seconds
         if seconds is not None and seconds.__class__ is not float:
             seconds = _seconds(seconds, where)
-        _add_attempt(task, AttemptRecord(
+        task.add_attempt(AttemptRecord(
             round=number, instruction=raw.instruction or (prompt.prompt if prompt else None),
             writer_thinking_json=prompt.thinking_summary if prompt else None,
             edit_error=None if edited else (edit.error or "the editor produced no image"),
@@ -147,12 +147,6 @@ def _new_task(unit: Unit, key: str, disease: str, status: str | None, entry: sch
         source_sha256=entry.source_sha256, models=msgspec.structs.asdict(entry.models) if entry.models else None,
         seed=entry.seed, api_failure=api_failure,
         origin_file=origin[0], origin_entry=origin[1], scope=unit.scope)
-
-
-def _add_attempt(task: TaskRecord, attempt: AttemptRecord) -> None:
-    task.attempts.append(attempt)
-    if attempt.accepted:
-        task.accepted = attempt
 
 
 def _final_image(task: TaskRecord) -> str | None:
@@ -204,7 +198,7 @@ def _task_from_record(unit: Unit, line_no: int, line: bytes, confined: Confined)
         _check_score(raw.verdict, at_round)
         image = layout.attempt_image_relpath(dataset, direction, source_id, disease, raw.round, accepted)
         confined.check(unit.run_dir, image, at_round, unit.scope)
-        _add_attempt(task, AttemptRecord(
+        task.add_attempt(AttemptRecord(
             round=raw.round, instruction=raw.instruction, verdict=raw.verdict, accepted=accepted,
             judge_thinking_json=raw.verdict.thinking_summary if raw.verdict else None, image=image))
     task.final_image = _final_image(task)
@@ -229,40 +223,10 @@ def read_image_unit(unit: Unit, part: int, parts: int, confined: Confined, refus
             handle(exc, refused)
             continue
         # the file itself is checked when read: its folder passed the rule when the unit was found
-        _add_attempt(task, AttemptRecord(round=None, instruction=None, accepted=True, image=relative))
+        task.add_attempt(AttemptRecord(round=None, instruction=None, accepted=True, image=relative))
         task.final_image = relative
         tasks.append(task)
     return tasks
-
-
-# --- a built dataset's conversations rows ------------------------------------------------------------------
-
-def read_built_conversations(folder: Path):
-    """Task records rebuilt from a built dataset's `conversations` rows (no images needed), one at a time."""
-    import pyarrow.parquet as pq
-
-    files = sorted(Path(folder).glob("conversations/*.parquet"))
-    if not files:
-        raise ValueError(f"{folder}: no conversations/*.parquet; stats needs the conversations config "
-                         "(build with --configs including conversations), or the run directories")
-    columns = ["uid", "source_id", "dataset", "modality", "disease", "task", "run", "status", "success_round",
-               "rounds"]
-    for file in files:
-        for batch in pq.ParquetFile(file).iter_batches(batch_size=1024, columns=columns):
-            for row in batch.to_pylist():
-                yield _task_from_row(row, Path(folder))
-
-
-def _task_from_row(row: dict, folder: Path) -> TaskRecord:
-    task = TaskRecord(uid=row["uid"], run_dir=Path(row["run"] or folder.name), dataset=row["dataset"],
-                      modality=row["modality"], disease=row["disease"], direction=row["task"],
-                      source_id=row["source_id"], status=row["status"], success_round=row["success_round"])
-    for r in row["rounds"] or []:
-        judged = r["qualified"] is not None or r["has_disease"] is not None
-        verdict = schema.Verification(**{k: r[k] for k in VERDICT_FIELDS}) if judged else None
-        _add_attempt(task, AttemptRecord(round=r["round"], instruction=r["instruction"], edit_error=r["edit_error"],
-                                         verdict=verdict, accepted=bool(r["accepted"]), image=r["image"]))
-    return task
 
 
 # --- checks ----------------------------------------------------------------------------------------------

@@ -67,6 +67,11 @@ class TaskRecord(msgspec.Struct, gc=False):
 
     accepted: AttemptRecord | None = None  # the accepted attempt, also in `attempts`
 
+    def add_attempt(self, attempt: AttemptRecord) -> None:
+        self.attempts.append(attempt)
+        if attempt.accepted:
+            self.accepted = attempt
+
     @property
     def origin(self) -> str:
         """Where the task comes from, e.g. `RUN/X-edit/all_conversations.json, entry 'n0001-Effusion'`."""

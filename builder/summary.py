@@ -12,15 +12,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..builder.paper import (FIGURE, PANEL_TITLES, TOP_REASONS, card_section, failure_reasons_table,  # noqa: F401
-                             figure3, require_matplotlib, save_figure3, table1, table2)
-from ..generation.rundir.readers import read_built_conversations
-from ..generation.rundir.runs import discover_units, read_tasks
-from ..generation.rundir.task_records import TaskRecord
-from ..builder.stats import BuildStats
-from ..generation.tables import Table
+from ..generation.dataset.folder import FIGURE
+from ..generation.dataset.inputs import input_kind
 from ..generation.extras import MissingExtra
-from .inputs import input_kind
+from ..generation.records import VERDICT_FIELDS
+from ..generation.rundir import schema
+from ..generation.rundir.runs import discover_units, read_tasks
+from ..generation.rundir.task_records import AttemptRecord, TaskRecord
+from ..generation.tables import Table
+from .paper import TOP_REASONS, card_section, failure_reasons_table, save_figure3, table1, table2
+from .stats import BuildStats
 
 
 @dataclass
@@ -77,3 +78,31 @@ def write_stats(summary: TaskCounts, out: Path) -> dict:
     figure = FIGURE if data["figure3"] == FIGURE else None
     (out / "report.md").write_text("# Run statistics\n\n" + card_section(summary.stats, figure), encoding="utf-8")
     return data
+
+
+def read_built_conversations(folder: Path) -> Iterator[TaskRecord]:
+    """Task records rebuilt from a built dataset's `conversations` rows (no images needed), one at a time."""
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(folder).glob("conversations/*.parquet"))
+    if not files:
+        raise ValueError(f"{folder}: no conversations/*.parquet; stats needs the conversations config "
+                         "(build with --configs including conversations), or the run directories")
+    columns = ["uid", "source_id", "dataset", "modality", "disease", "task", "run", "status", "success_round",
+               "rounds"]
+    for file in files:
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=1024, columns=columns):
+            for row in batch.to_pylist():
+                yield _task_from_row(row, Path(folder))
+
+
+def _task_from_row(row: dict, folder: Path) -> TaskRecord:
+    task = TaskRecord(uid=row["uid"], run_dir=Path(row["run"] or folder.name), dataset=row["dataset"],
+                      modality=row["modality"], disease=row["disease"], direction=row["task"],
+                      source_id=row["source_id"], status=row["status"], success_round=row["success_round"])
+    for r in row["rounds"] or []:
+        judged = r["qualified"] is not None or r["has_disease"] is not None
+        verdict = schema.Verification(**{k: r[k] for k in VERDICT_FIELDS}) if judged else None
+        task.add_attempt(AttemptRecord(round=r["round"], instruction=r["instruction"], edit_error=r["edit_error"],
+                                       verdict=verdict, accepted=bool(r["accepted"]), image=r["image"]))
+    return task
