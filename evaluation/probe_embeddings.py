@@ -109,6 +109,6 @@ def _torch_embedder(name: str, model, transform, torch, method: str = "__call__"
 
     if weights is None:
         return Embedder(name, embed)
-    from ..generation.dataset.manifest import sha256_file  # here: the feature workers import this module, not the builder
+    from ..generation.dataset.manifest import sha256_file
 
     return Embedder(name, embed, sha256_file(weights))

@@ -106,6 +106,60 @@ def test_imports_run_one_way(path):
     assert not wrong, f"{path.relative_to(ROOT)} ({mine}) imports {wrong}: against the direction in ARCHITECTURE.md"
 
 
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a longer loop (Tarjan's strongly connected
+    components of more than one module, or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1 or node in graph.get(node, ()):
+                    found.append(sorted(group))
+    return found
+
+
+def test_the_cycle_finder_finds_loops_of_any_length():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"a"}, "b": set()}) == [["a"]]
+    assert import_cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_imports_itself_round_a_loop():
+    """No file-level import cycle, counting imports made inside functions (a cycle dodged by importing late is
+    still one) and under TYPE_CHECKING."""
+    graph = {module_name(p): imported_modules(p) for p in package_files() + [ROOT / "cli.py"]}
+    graph = {module: {m for m in found if m in graph and m != module} for module, found in graph.items()}
+    assert "medbanana.generation.rundir.readers" in graph["medbanana.generation.rundir.runs"]  # the parser sees them
+    assert not import_cycles(graph), f"modules that import each other: {import_cycles(graph)}"
+
+
 def test_modules_stay_under_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in package_files() + [ROOT / "cli.py"]
             if (n := len(p.read_text().splitlines())) > 400}

@@ -19,7 +19,8 @@ from ..base import Editor, EditRefused
 from ...raster import encode_mask
 from ...records import EditedImage, SourceImage, Task, encode_jpeg
 from .drift import drifted, random_drift
-from .lesions import apply_ops, build_add, build_remove, make_canvas, spec_for
+from .findings import build_add
+from .lesions import apply_ops, build_remove, make_canvas, spec_for
 from .params import EditParams, parse
 from .truth import DETAILS_KEY, drawn_mask
 
