@@ -14,18 +14,20 @@ from .generation.commands.options import whole_number
 from .generation.commands.run_options import add_run_options
 from .generation.destinations import MANIFEST, SYNTHETIC, manifest_row
 from .generation.files import atomic_write_bytes, atomic_write_json
-from .generation.records import DEFAULT_GEOMETRY
+from .generation.acceptance import DEFAULT_ACCEPT
+from .generation.records import DEFAULT_GEOMETRY, DEFAULT_MAX_ROUNDS
 from .generation.rundir import layout
 
 if TYPE_CHECKING:
-    from .generation.runners.local import RunSummary
+    from .generation.runners.session import RunSummary
 
 MIN_SIZE = 64  # the phantoms' anatomy and lesions are drawn in proportion; below this they are a few pixels
 
 
 def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: int = 2, seed: int = 0,
-             size: int = 1024, quiet: bool = False, build_dataset: bool = True, max_rounds: int = 5,
-             accept: str = "qualified", geometry: str = DEFAULT_GEOMETRY, drift: float = 0.0) -> RunSummary:
+             size: int = 1024, quiet: bool = False, build_dataset: bool = True,
+             max_rounds: int = DEFAULT_MAX_ROUNDS, accept: str = DEFAULT_ACCEPT, geometry: str = DEFAULT_GEOMETRY,
+             drift: float = 0.0) -> RunSummary:
     """Synthesise sources for all three modalities (no download, no key), generate with the simulator, and build
     the Hugging Face dataset folder OUT/dataset (sources attached: they are synthetic, so redistributable).
     `geometry` is the geometry guard's mode, `drift` the share of the simulated editor's edits whose frame moves.
@@ -34,7 +36,7 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
     with are refused (ValueError), since its sources are kept and the run would silently be the old one."""
     from .generation.backends.simulator.phantoms import write_demo_sources
     from .generation.runners.generate import generate  # here: every command's parser imports this module
-    from .generation.runners.local import RunOptions
+    from .generation.runners.session import RunOptions
 
     out = Path(out)
     sources, run_dir = out / "sources", out / "run"

@@ -18,6 +18,7 @@ import msgspec
 
 from ..generation.acceptance import AcceptanceRule
 from ..generation.records import as_bool, verdict_values
+from ..generation.outcomes import TaskStatus
 from ..generation.guarantee import PPIStratum, ppi_mean
 from ..generation.dataset.review_folder import CALIBRATION, IN_TURNS, ReviewFolder
 from ..generation.rundir.task_records import TaskRecord
@@ -36,7 +37,8 @@ def redecide(task: TaskRecord, rule: AcceptanceRule) -> TaskRecord:
         copy = msgspec.structs.replace(attempt, accepted=passes)
         accepted = copy if passes else accepted
         attempts.append(copy)
-    status = "success" if accepted is not None else "api_failed" if task.status == "api_failed" else "failed"
+    status = (TaskStatus.SUCCESS if accepted is not None else TaskStatus.API_FAILED
+              if task.status == TaskStatus.API_FAILED else TaskStatus.FAILED)
     return msgspec.structs.replace(
         task, attempts=attempts, accepted=accepted, status=status,
         success_round=accepted.round if accepted is not None else None,

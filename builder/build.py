@@ -35,6 +35,7 @@ from ..generation.dataset.folder import BUILD_INFO, CARD, FIGURE
 from ..generation.dataset.manifest import write_manifest
 from ..generation.dataset.output import BuildError, BuildLocks, move_into_place, remove_stale_staging, run_folder
 from ..generation.interrupts import children_ignore_sigint
+from ..generation.records import DEFAULT_MAX_ROUNDS
 from ..generation.rundir.confined import POLICIES, Refused
 from ..generation.rundir.runs import (discover_units, recorded_destinations, recorded_max_rounds, recorded_partial,
                                       recorded_signing, task_keys, unit_size)
@@ -49,7 +50,6 @@ from .reviews import open_reviews, reviewed_uids, write_reviews
 from .rows import IMAGE_CONFIGS
 from .stats import BuildStats
 
-DEFAULT_MAX_ROUNDS = 5
 
 
 def parse_size(text: str | int) -> int:

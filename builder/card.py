@@ -18,14 +18,14 @@ from collections import Counter
 from importlib import resources
 from string import Template
 
-from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
-from ..generation.rundir.schema import STATUSES
 from ..generation.dataset.configs import DEFAULT_CONFIG
 from ..generation.dataset.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES
-from ..generation.masks import MASK_METHOD, RECOMPUTE
-from ..generation.rundir.alignment import alignment_note
-from ..generation.rundir.stored_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
 from ..generation.dataset.folder import BUILD_INFO
+from ..generation.masks import MASK_METHOD, RECOMPUTE
+from ..generation.outcomes import TaskStatus
+from ..generation.rundir.alignment import alignment_note
+from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
+from ..generation.rundir.stored_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
 from .cost_note import cost_json, cost_note
 from .paper import card_section
 from .stats import UNMARKED, BuildStats
@@ -107,7 +107,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
     and expert approval (builder/acceptance.py); `destinations`: run name -> what it records of where its images
     went (runs.recorded_destinations)."""
     splits = ["train", "test"] if test_fraction > 0 else ["train"]
-    accepted, failed, api_failed = (stats.total_tasks(s) for s in STATUSES)
+    accepted, failed, api_failed = (stats.total_tasks(s) for s in TaskStatus)
     attempts = sum(stats.attempts.values())
     runs = {run for (run, _d, _m) in stats.datasets}
     summary = (f"This build holds **{stats.total_tasks():,} tasks** from {len(runs)} run(s): {accepted:,} accepted "

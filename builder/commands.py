@@ -120,7 +120,8 @@ def register(subparsers) -> None:
 
 
 def run_build(args) -> int:
-    from .build import BuildError, build
+    from ..generation.dataset.output import BuildError
+    from .build import build
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     try:

@@ -14,6 +14,7 @@ import msgspec
 
 from ..generation.costs import ROLES, tokens_of
 from ..generation.records import FALSE_WORDS, TRUE_WORDS, as_bool, as_score
+from ..generation.outcomes import TaskStatus
 from ..generation.rundir.provenance import read_mark
 from .reasons import count_phrases
 from ..generation.rundir.task_records import TaskRecord
@@ -93,7 +94,7 @@ class BuildStats:
             self.success_rounds[(modality, task.direction, task.success_round)] += 1
             if task.success_round == 1:
                 self.no_pair["accepted at round 1"] += 1
-        elif task.status == "api_failed":
+        elif task.status == TaskStatus.API_FAILED:
             self.no_pair["stopped by an API failure"] += 1
         else:
             self.no_pair["never accepted"] += 1

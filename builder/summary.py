@@ -16,6 +16,7 @@ from ..generation.dataset.folder import FIGURE
 from ..generation.dataset.inputs import input_kind
 from ..generation.extras import MissingExtra
 from ..generation.records import VERDICT_FIELDS
+from ..generation.outcomes import TaskStatus
 from ..generation.rundir import schema
 from ..generation.rundir.runs import discover_units, read_tasks
 from ..generation.rundir.task_records import AttemptRecord, TaskRecord
@@ -99,7 +100,8 @@ def read_built_conversations(folder: Path) -> Iterator[TaskRecord]:
 def _task_from_row(row: dict, folder: Path) -> TaskRecord:
     task = TaskRecord(uid=row["uid"], run_dir=Path(row["run"] or folder.name), dataset=row["dataset"],
                       modality=row["modality"], disease=row["disease"], direction=row["task"],
-                      source_id=row["source_id"], status=row["status"], success_round=row["success_round"])
+                      source_id=row["source_id"], status=TaskStatus(row["status"]),
+                      success_round=row["success_round"])
     for r in row["rounds"] or []:
         judged = r["qualified"] is not None or r["has_disease"] is not None
         verdict = schema.Verification(**{k: r[k] for k in VERDICT_FIELDS}) if judged else None

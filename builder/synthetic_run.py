@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..generation.records import DEFAULT_MAX_ROUNDS
 from ..generation.rundir import layout
 from ..generation.taxonomy import load_taxonomy
 
@@ -61,7 +62,7 @@ def _outcome(rng: np.random.Generator, max_rounds: int) -> tuple[str, int]:
 
 def make_synthetic_run(run_dir: Path, *, flavor: str = "original", tasks_per_folder: int = 8,
                        datasets: tuple[str, ...] = DEFAULT_DATASETS, api_failed_per_folder: int = 1,
-                       max_rounds: int = 5, image_size: int = 32, distinct_images: int | None = None,
+                       max_rounds: int = DEFAULT_MAX_ROUNDS, image_size: int = 32, distinct_images: int | None = None,
                        text_words: int = 12, sources_dir: Path | None = None, write_images: bool = True,
                        seed: int = 0) -> dict:
     """Write a run directory; returns {"attempts", "image_bytes", "tasks"} of what was written.

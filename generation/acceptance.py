@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .records import RUBRIC_WEIGHTS
 
+DEFAULT_ACCEPT = "qualified"  # the judge's decision, with compliance for the direction
 POLICY_FORMAT = "medbanana-acceptance-policy"
 POLICY_VERSION = 1
 # the rubric booleans a rule may require besides compliance (has_disease read for the direction), by weight

@@ -29,9 +29,6 @@ EXIT_INCOMPLETE = 3
 EXIT_INFRASTRUCTURE = 4  # a process of the run died: not the user's error nor the API's
 EXIT_BUDGET = 5  # generate --budget: the next round would not fit
 TOP = 5  # reasons printed
-# the failure kind of an api_failed task ended by `generate --retry-failed --drop-missing-sources`: its source is
-# gone, so no retry can run it; the exit code does not count it
-SOURCE_MISSING = "source_missing"
 
 
 def reason_key(message: str, limit: int = 160) -> str:

@@ -1,4 +1,5 @@
-"""Plain records passed between stages: tasks, instructions, edits, verdicts, attempts and task outcomes.
+"""Plain records passed between stages: tasks, instructions, edits, verdicts and attempts (how a task ended:
+`outcomes.py`).
 
 `Attempt.to_round_json()` and `rundir.store.conversation_record()` write the original scripts' JSON shapes
 (see ARCHITECTURE.md, "Run directory"), plus our extra fields; nothing of the original is dropped.
@@ -16,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .secrets import scrub
 
 # Pillow's own warning threshold: the default of `prepare --max-pixels` and `generate --max-pixels`
 DEFAULT_MAX_PIXELS = 89_478_485
+DEFAULT_MAX_ROUNDS = 5  # rounds per task at most (the paper's), where neither the user nor the run says otherwise
+DEFAULT_CONCURRENCY = 4  # a run's tasks in flight at once
 # what `--geometry` does with an edit whose frame moved (generation/geometry.py); here, where the commands' parsers
 # reach it without importing the estimator's PIL and scipy
 GEOMETRY_MODES = ("reject", "register", "record")
@@ -354,18 +356,6 @@ class Attempt:
 
 
 @dataclass
-class ApiFailure:
-    step: str  # generate_prompt | update_prompt | edit_image | verify_image
-    round: int
-    error: str
-    kind: str = "api_error"
-
-    def __post_init__(self):
-        # the one place every failure message passes, also an unexpected exception's, which may quote an answer
-        self.error = scrub(self.error)
-
-
-@dataclass
 class TaskMasks:
     """One task's masks as Image values (`{"bytes", "path"}`): its region, and each attempt image's edit mask (by
     run-relative path; None where there is none). Computed by generation/masks.py, or read back from what a run
@@ -373,15 +363,3 @@ class TaskMasks:
 
     region: dict | None = None
     edits: dict[str, dict | None] = field(default_factory=dict)
-
-
-@dataclass
-class TaskOutcome:
-    task: Task
-    status: str  # success | failed | api_failed | source_error
-    attempts: list[Attempt]
-    failure: ApiFailure | None = None
-
-    @property
-    def success_round(self) -> int | None:
-        return self.attempts[-1].round if self.status == "success" else None

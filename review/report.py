@@ -21,16 +21,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..generation.tables import Table
-from ..evaluation.agreement import human_agreement
+from ..evaluation.agreement import cohen_kappa, human_agreement
 from ..generation.extras import require
 from ..generation.files import atomic_write_text
 from ..generation.records import VERDICT_BOOLEANS, as_bool
+from ..evaluation.probe_statistics import auroc
 from .reliability import (
     MIN_UNITS_FOR_INTERVAL,
-    auroc,
     bootstrap_interval,
     category_counts,
-    cohen_kappa,
     edited_probability,
     fleiss_kappa,
     krippendorff_alpha,

@@ -26,7 +26,7 @@ import pydantic
 
 from .base import APIError
 from .guard import refused_in
-from .response_cache import ResponseCache  # noqa: F401  (the transports' cache, re-exported)
+from .response_cache import ResponseCache
 from ..prompts import reask_note
 from ..records import Usage
 from ..secrets import scrub

@@ -25,10 +25,10 @@ from ..prompts import (WRITER_PROMPTS, JudgeAnswer, clean_instruction, judge_pro
                        parse_verdict_tolerant, verdict_from_answer, writer_prompt)
 from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Usage, Verdict
 from ..secrets import hold, scrub_model, url_credentials
-from .http import CallFailure, ResponseCache, Transport, ask_until_usable, classify_common, drive, \
-    failure_for_status, parse_retry_after
+from .http import CallFailure, Transport, ask_until_usable, classify_common, drive, failure_for_status, parse_retry_after
+from .response_cache import ResponseCache
 
-__all__ = ["OpenAIJudge", "OpenAITransport", "OpenAIWriter", "parse_verdict_tolerant"]
+__all__ = ["OpenAIJudge", "OpenAITransport", "OpenAIWriter"]
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 NO_KEY = "not-needed"  # the client insists on a key; servers without authentication ignore it

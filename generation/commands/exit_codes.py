@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..failures import EXIT_INCOMPLETE, EXIT_OK, SOURCE_MISSING, TOP, print_reasons, reason_key, top_reasons
+from ..failures import EXIT_INCOMPLETE, EXIT_OK, TOP, print_reasons, reason_key, top_reasons
+from ..outcomes import FailureKind, TaskStatus
 from ..rundir import layout
 
 
@@ -39,7 +40,7 @@ def generate_exit_code(summary, stream=None) -> int:
         print(f"medbanana generate: {len(summary.missing_sources):,} api_failed task(s) cannot be retried: their "
               f"source file is gone (first: {summary.missing_sources[0]}); restore it, or end them with "
               f"{retry_command(summary.run_dir)} --drop-missing-sources", file=stream)
-    failed = summary.statuses["api_failed"] - summary.error_kinds[SOURCE_MISSING]
+    failed = summary.statuses[TaskStatus.API_FAILED] - summary.error_kinds[FailureKind.SOURCE_MISSING]
     if not failed:
         return EXIT_OK
     total = sum(summary.statuses.values())

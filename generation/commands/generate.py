@@ -46,7 +46,7 @@ def _generate(args, out: Path) -> int:
     from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings, SimulatorSettings
     from ..rundir import layout
     from ..runners.generate import BackendSpec, default_backend, generate, run_config
-    from ..runners.local import RunOptions
+    from ..runners.session import RunOptions
     from ..sources.scan import Selection
 
     # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that

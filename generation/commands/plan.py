@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..records import DEFAULT_CONCURRENCY, DEFAULT_MAX_ROUNDS
 from .options import (add_backend_choice, add_model_options, add_openai_endpoint_options, add_prices_option,
                       add_rate_limits, add_selection_options, add_vertex_options, count)
 from .spending import describe_roles, shown, usd_range
@@ -142,8 +143,10 @@ def register(sub) -> None:
     g = p.add_argument_group("destinations (as generate: where the requests would go)")
     add_vertex_options(g)
     add_openai_endpoint_options(g)
-    p.add_argument("--max-rounds", type=count, default=5, help="rounds per task at most (default 5)")
-    p.add_argument("--concurrency", type=count, default=4, help="tasks in flight at once (default 4)")
+    p.add_argument("--max-rounds", type=count, default=DEFAULT_MAX_ROUNDS,
+                   help=f"rounds per task at most (default {DEFAULT_MAX_ROUNDS})")
+    p.add_argument("--concurrency", type=count, default=DEFAULT_CONCURRENCY,
+                   help=f"tasks in flight at once (default {DEFAULT_CONCURRENCY})")
     add_rate_limits(p)
     p.add_argument("--batch", action="store_true", help="the run would use the Batch API (half price, slow)")
     p.add_argument("--pilot", type=Path, metavar="RUN",

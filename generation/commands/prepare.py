@@ -12,10 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from ..destinations import DATA_USE_CLASSES
+from ..destinations import DATA_USE_CLASSES, MANIFEST
 from ..records import DEFAULT_MAX_PIXELS
 from ..sources.adapters import ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, PrepareError
-from ..sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare
+from ..sources.prepare import REPORT, PrepareOptions, prepare
 from ..sources.preprocess import ASPECTS, ImageOptions
 from ..taxonomy import load_taxonomy
 from ..vocabulary import old_spelling

@@ -17,10 +17,12 @@ import msgspec
 
 from ..files import open_owned
 from ..records import json_bool, task_uid
+from ..outcomes import TaskStatus
 from ..taxonomy import DIRECTIONS
 from . import layout
-from .schema import ROUND_LINE, STATUSES, TASK_LINE, Round, RoundLine, TaskLine, malformed, refusal, shown
+from .schema import ROUND_LINE, TASK_LINE, Round, RoundLine, TaskLine, malformed, refusal, shown
 
+STATUSES = tuple(TaskStatus)
 NAME_MAX = 255  # bytes in one file or folder name (ext4, XFS, Btrfs, NFS): a longer dataset folder cannot be made
 
 
@@ -156,7 +158,7 @@ def check_task_line(where: str, line: TaskLine) -> None:
     if rec.key != f"{source_id}-{disease}":
         raise refusal(where, "record.key", f"is {'missing' if rec.key is None else shown(rec.key)}, not "
                                             f"{shown(f'{source_id}-{disease}')}")
-    success = rec.status == "success"
+    success = rec.status == TaskStatus.SUCCESS
     last = len(rec.rounds)
     for n, rnd in enumerate(rec.rounds, 1):
         at = f"record.rounds[{n - 1}]"
@@ -178,7 +180,7 @@ def check_task_line(where: str, line: TaskLine) -> None:
     if (rec.final_image or "") != final:
         raise refusal(where, "record.final_image", f"is {shown(rec.final_image)}, not its last round's "
                                                     f"image {final!r}")
-    if (rec.api_failure is not None) != (rec.status == "api_failed"):
+    if (rec.api_failure is not None) != (rec.status == TaskStatus.API_FAILED):
         raise refusal(where, "record.api_failure", f"is {'missing' if rec.api_failure is None else 'present'} "
                                                     f"in a {rec.status} task")
     if rec.api_failure is not None and rec.api_failure.task != rec.key:

@@ -109,18 +109,17 @@ class Conversation(msgspec.Struct, gc=False):
     seed: Int64 | None = None
 
 
-class ApiFailure(msgspec.Struct, gc=False):
-    """An `api_failures.json` item."""
+class ApiFailureEntry(msgspec.Struct, gc=False):
+    """An `api_failures.json` item (and a journal task line's `api_failure`): the task it names, then the fields of
+    its `outcomes.ApiFailure` as the original scripts wrote them, read leniently."""
 
     task: str
     step: str | None = None
-    round: int | str | None = None  # read leniently by `runs`, within int32
+    round: int | str | None = None  # read leniently by `readers`, within int32
     error: str | None = None
     disease: str | None = None
     kind: str | None = None  # ours
 
-
-STATUSES = ("success", "failed", "api_failed")  # a task record's `status`
 
 
 class JournalRecord(Conversation, gc=False):
@@ -128,7 +127,7 @@ class JournalRecord(Conversation, gc=False):
 
     key: str | None = None
     final_image_path: str | None = None
-    api_failure: ApiFailure | None = None
+    api_failure: ApiFailureEntry | None = None
     error: dict[str, str | None] | None = None  # an api_failed task's step, kind and message
 
 
@@ -161,7 +160,7 @@ class PaperRecord(msgspec.Struct, gc=False):
 
 
 CONVERSATION = msgspec.json.Decoder(Conversation)  # one entry: files are split into entries by `run_json`
-API_FAILURES = msgspec.json.Decoder(list[ApiFailure])
+API_FAILURES = msgspec.json.Decoder(list[ApiFailureEntry])
 PAPER_RECORD = msgspec.json.Decoder(PaperRecord)
 TASK_LINE = msgspec.json.Decoder(TaskLine)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from ..outcomes import TaskStatus
 from ..taxonomy import load_taxonomy
 from . import layout, schema
 
@@ -51,7 +52,7 @@ class TaskRecord(msgspec.Struct, gc=False):
     disease: str
     direction: str  # add | remove (the `task` column and JSON field)
     source_id: str
-    status: str  # success | failed | api_failed
+    status: TaskStatus
     attempts: list[AttemptRecord] = msgspec.field(default_factory=list)
     success_round: int | None = None
     source_path: str | None = None

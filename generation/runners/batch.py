@@ -28,12 +28,14 @@ from pathlib import Path
 
 from ..backends import APIError
 from ..backends.gemini import Answer, GeminiEditor, GeminiJudge, GeminiWriter, read_answer
-from ..backends.gemini_transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
+from ..backends.gemini_transport import INLINE_LIMIT, GeminiTransport, Request
+from ..backends.http import CallFailure
 from ..backends.settings import batch_files_dir, remove_batch_files
 from ..files import atomic_write_json
 from ..loop import (BACKEND_STEPS, CheckGeometry, Refinement, RoundFinished, Step, WriteInstruction,
                     acceptance_policy, advance, refinement)
-from ..records import SourceImage, Task, TaskOutcome
+from ..records import SourceImage, Task
+from ..outcomes import TaskOutcome
 from .budget import Ledger, answer_usage
 from .local import read_source, source_error
 from .session import RunOptions, RunSession, RunSummary

@@ -16,9 +16,11 @@ from ..pricing import PriceTable, is_paid, load_prices
 from ..prompts import PROMPT_NAMES, prompt_versions
 from ..rundir import layout, schema
 from ..records import Task
+from ..outcomes import TaskStatus
 from ..rundir.provenance import DEFAULT_SOURCE_TYPE
 from .budget import RunPricing
-from .local import RunOptions, RunSummary, describe_backends, run
+from .local import describe_backends, run
+from .session import RunOptions, RunSummary
 from .pilot import finished_records, pilot_samples
 from .session import in_shard
 from .plan import Plan, PlanSetting, estimate
@@ -192,7 +194,7 @@ def estimate_todo(tasks: list[Task], out: Path, pricing: RunPricing, options: Ru
     """What the tasks the run directory has not finished should cost: measured on its own finished tasks when it
     has at least PILOT_MINIMUM of them (a resumed run), else from the assumptions."""
     finished = finished_records(out)
-    failed = {uid for uid, record in finished.items() if record.get("status") == "api_failed"}
+    failed = {uid for uid, record in finished.items() if record.get("status") == TaskStatus.API_FAILED}
     todo = [t for t in tasks if in_shard(t, options.shard)
             and (t.uid not in finished or (options.retry_failed and t.uid in failed))]
     setting = PlanSetting(pricing.backends, pricing.prices, options.max_rounds, pricing.batch, options.concurrency)
@@ -202,7 +204,7 @@ def estimate_todo(tasks: list[Task], out: Path, pricing: RunPricing, options: Ru
 
 def failed_uids(run_dir: Path) -> set[str]:
     """The tasks the run directory's journal last finished api_failed: all a --retry-failed may start."""
-    return {uid for uid, record in finished_records(run_dir).items() if record.get("status") == "api_failed"}
+    return {uid for uid, record in finished_records(run_dir).items() if record.get("status") == TaskStatus.API_FAILED}
 
 
 def sent_to(tasks: list[Task], sources: Path, spec: BackendSpec | None, backend: str = "simulator",

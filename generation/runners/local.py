@@ -14,10 +14,11 @@ from pathlib import Path
 
 from ..backends import Editor, InstructionWriter, Judge
 from ..loop import Acceptance, OnRound, acceptance_policy, refine_task
-from ..records import DEFAULT_MAX_PIXELS, ApiFailure, Attempt, SourceImage, Task, TaskOutcome, open_image
+from ..records import DEFAULT_MAX_PIXELS, Attempt, SourceImage, Task, open_image
+from ..outcomes import ApiFailure, FailureKind, TaskOutcome, TaskStatus
 from ..rundir.mask_files import MaskProcess
 from .budget import BudgetReached, metered
-from .session import RunOptions, RunSession, RunSummary  # RunOptions, RunSummary: also imported from here
+from .session import RunOptions, RunSession, RunSummary
 
 
 def read_source(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> SourceImage:
@@ -62,8 +63,8 @@ class _SourceCache:
 
 
 def source_error(task: Task, exc: Exception) -> TaskOutcome:
-    return TaskOutcome(task, "api_failed", [], ApiFailure("load_source", 0, f"{task.source_path}: {exc}",
-                                                          "source_error"))
+    return TaskOutcome(task, TaskStatus.API_FAILED, [], ApiFailure("load_source", 0, f"{task.source_path}: {exc}",
+                                                                   FailureKind.SOURCE_ERROR))
 
 
 async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[InstructionWriter, Editor, Judge],

@@ -28,7 +28,8 @@ from pathlib import Path
 from ..failures import EXIT_INFRASTRUCTURE
 from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..loop import acceptance_policy
-from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
+from ..records import Attempt, EditedImage, Task
+from ..outcomes import ApiFailure, TaskOutcome
 from ..rundir import mask_files
 from .budget import BudgetReached, Ledger, SharedState, metered
 from .local import _SourceCache, run_one_task

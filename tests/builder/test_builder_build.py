@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import Image, load_dataset
 
-from medbanana.builder.build import BuildError, build
+from medbanana.builder.build import build
+from medbanana.generation.dataset.output import BuildError
 from medbanana.generation.dataset.configs import CONFIG_NAMES
 from medbanana.generation.dataset.features import CONFIG_FEATURES
 from medbanana.generation.rundir import layout

@@ -22,7 +22,8 @@ from medbanana.generation.records import (FALSE_WORDS, TRUE_WORDS, VERDICT_COLUM
                                           verdict_values)
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.store import read_journal
-from medbanana.generation.runners.local import RunOptions, run
+from medbanana.generation.runners.local import run
+from medbanana.generation.runners.session import RunOptions
 from medbanana.generation.sources.scan import scan_sources
 from paths import ROOT
 

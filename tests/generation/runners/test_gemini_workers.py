@@ -128,7 +128,7 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error_and_a_rerun_resumes
     import threading
 
     from medbanana.generation.runners.generate import generate
-    from medbanana.generation.runners.local import RunOptions
+    from medbanana.generation.runners.session import RunOptions
 
     monkeypatch.setenv("GEMINI_API_KEY", KEY)
     out = tmp_path / "run"
