@@ -17,6 +17,7 @@ from .generation.files import atomic_write_bytes, atomic_write_json
 from .generation.acceptance import DEFAULT_ACCEPT
 from .generation.records import DEFAULT_GEOMETRY, DEFAULT_MAX_ROUNDS
 from .generation.rundir import layout
+from .generation.failures import EXIT_OK, EXIT_USAGE, UsageError
 
 if TYPE_CHECKING:
     from .generation.runners.session import RunSummary
@@ -77,7 +78,7 @@ def _check_out(out: Path) -> None:
     """--out is new, empty, or a demo's (its MARK; before there was one, its run's or sources' demo records): a
     ValueError otherwise, since the demo would write its folders among the user's files."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ValueError(f"--out {out} is not a folder; choose a new one")
+        raise UsageError(f"--out {out} is not a folder; choose a new one")
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if not held or (out / MARK).is_file() or (out / "sources" / layout.SOURCES_MANIFEST).is_file():
         return
@@ -86,7 +87,7 @@ def _check_out(out: Path) -> None:
     except (OSError, ValueError):
         made = None
     if not (isinstance(made, dict) and made.get("demo")):
-        raise ValueError(f"--out {out} is not empty ({len(held)} entr{'y' if len(held) == 1 else 'ies'}, e.g. "
+        raise UsageError(f"--out {out} is not empty ({len(held)} entr{'y' if len(held) == 1 else 'ies'}, e.g. "
                          f"{held[0]}) and was not made by `medbanana demo`; give a new or empty folder")
 
 
@@ -97,21 +98,21 @@ def _check_same_demo(run_dir: Path, demo: dict) -> None:
     made = json.loads(config.read_text(encoding="utf-8")).get("demo") or {}
     diffs = [f"{_DEMO_OPTIONS[k]} (was {made[k]}, now {v})" for k, v in demo.items() if k in made and made[k] != v]
     if diffs:
-        raise ValueError(f"{run_dir.parent} is a demo made with other options: {', '.join(diffs)}; give those "
+        raise UsageError(f"{run_dir.parent} is a demo made with other options: {', '.join(diffs)}; give those "
                          "options again to resume it, or another --out for a new demo")
 
 
 def cmd_demo(args) -> int:
     if not args.normal and not args.diseased:
         print("medbanana demo: error: --normal 0 and --diseased 0 leave no task to run", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     summary = run_demo(args.out, n_normal=args.normal, n_diseased=args.diseased, concurrency=args.concurrency,
                        seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build,
                        max_rounds=args.max_rounds, accept=args.accept, geometry=args.geometry,
                        drift=args.simulator_drift or 0.0)
     print(summary.format())
     print(f"sources (synthetic phantoms and skimage's retina photograph): {Path(args.out) / 'sources'}")
-    return 0
+    return EXIT_OK
 
 
 def register(sub) -> None:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .generation.vocabulary import old_spelling
+from .generation.failures import EXIT_OK, EXIT_USAGE
 
 
 def register(sub) -> None:
@@ -69,7 +70,7 @@ def run_medebench(args) -> int:
                                    force=args.force, workers=args.threads, progress=progress)
     except BuildError as exc:  # a refused --out: one line, as `build` says it
         print(f"medbanana export: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     finally:
         if bar is not None:
             bar.close()
@@ -79,4 +80,4 @@ def run_medebench(args) -> int:
     for reason, uids in summary.skipped.items():
         print(f"warning: skipped {len(uids):,} row(s): {reason} (e.g. {uids[0]!r}); all are listed in "
               f"{summary.folder / REPORT}", file=sys.stderr)
-    return 0
+    return EXIT_OK

@@ -28,6 +28,7 @@ from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_image
 from .generation.rundir.runs import discover_units, read_tasks
 from .generation.rundir.confined import Confined
 from .generation.rundir.source_index import SourceIndex
+from .generation.failures import UsageError
 
 _DESCRIPTION = ("Instruction-based medical image edits (chest X-ray, brain MRI, fundus; add or remove a finding), "
                 "judged with a medical rubric and refined over several rounds, keeping every attempt.")
@@ -51,7 +52,7 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         if not self.config.data_dir:
-            raise ValueError("MedBanana50k needs data_dir=<run directory> (ours or released Med-Banana data)")
+            raise UsageError("MedBanana50k needs data_dir=<run directory> (ours or released Med-Banana data)")
         splits = [datasets.Split.TRAIN] + ([datasets.Split.TEST] if self.config.test_fraction > 0 else [])
         return [datasets.SplitGenerator(name=split, gen_kwargs={"split": str(split)}) for split in splits]
 

@@ -207,8 +207,8 @@ def _disease_table(stats: BuildStats) -> str:
     by_disease: dict[tuple, Counter] = {}
     for (modality, direction, disease, status), n in stats.tasks.items():
         by_disease.setdefault((modality, direction, disease), Counter())[status] += n
-    return "\n".join(f"| {md_escape(m)} | {md_escape(t)} | {md_escape(d)} | {c['success']:,} | {c['failed']:,} | "
-                     f"{c['api_failed']:,} |"
+    return "\n".join(f"| {md_escape(m)} | {md_escape(t)} | {md_escape(d)} | "
+                     + "".join(f"{c[status]:,} | " for status in TaskStatus).rstrip()
                      for (m, t, d), c in sorted(by_disease.items()))
 
 

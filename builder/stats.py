@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..generation.costs import ROLES, tokens_of
-from ..generation.records import FALSE_WORDS, TRUE_WORDS, as_bool, as_score
+from ..generation.records import FALSE_WORDS, TRUE_WORDS, VERDICT_BOOLEANS, as_bool, as_score
 from ..generation.outcomes import TaskStatus
 from ..generation.rundir.provenance import read_mark
 from .reasons import count_phrases
@@ -21,8 +21,7 @@ from ..generation.rundir.task_records import TaskRecord
 from ..generation.rundir.source_index import looked_for
 
 DIMENSIONS = ("compliance", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
-# the judge's boolean fields in the order of a `verdicts` key (after its is-add flag)
-VERDICT_BOOLEANS = ("has_disease", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
+# a `verdicts` key: its is-add flag, then the judge's booleans in the order of records.VERDICT_BOOLEANS
 COERCED_EXAMPLES = 5
 MISSING_EXAMPLES = 20
 TOP_REASONS_JSON = 50

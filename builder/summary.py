@@ -23,6 +23,7 @@ from ..generation.rundir.task_records import AttemptRecord, TaskRecord
 from ..generation.tables import Table
 from .paper import TOP_REASONS, card_section, failure_reasons_table, save_figure3, table1, table2
 from .stats import BuildStats
+from ..generation.failures import UsageError
 
 
 @dataclass
@@ -47,7 +48,7 @@ def summarise(paths: Iterable[Path]) -> TaskCounts:
 def tasks_of(path: Path) -> Iterator[TaskRecord]:
     kind = input_kind(path)
     if kind == "manifest":
-        raise ValueError(f"{path}: stats reads run directories and built datasets, not evaluation samples")
+        raise UsageError(f"{path}: stats reads run directories and built datasets, not evaluation samples")
     if kind == "dataset":
         yield from read_built_conversations(path)
     else:
@@ -87,7 +88,7 @@ def read_built_conversations(folder: Path) -> Iterator[TaskRecord]:
 
     files = sorted(Path(folder).glob("conversations/*.parquet"))
     if not files:
-        raise ValueError(f"{folder}: no conversations/*.parquet; stats needs the conversations config "
+        raise UsageError(f"{folder}: no conversations/*.parquet; stats needs the conversations config "
                          "(build with --configs including conversations), or the run directories")
     columns = ["uid", "source_id", "dataset", "modality", "disease", "task", "run", "status", "success_round",
                "rounds"]

@@ -11,6 +11,7 @@ from ..generation import backends
 from ..generation.rundir.lock import hold_lock
 from .failures import eval_exit_code, first_time
 from .sent import check_judge_destination
+from ..generation.failures import EXIT_OK, EXIT_USAGE, UsageError
 
 INPUT_HELP = ("an evaluation folder (samples.jsonl or samples.csv; see evaluation/inputs.py), a folder made by "
               "`medbanana build`, or a run directory")
@@ -161,7 +162,7 @@ def run_eval(args) -> int:
     from .inputs import sources_notice
 
     if args.source_images is None and input_kind(args.input) == "run":  # a run holds no sources to score with
-        raise ValueError(sources_notice(args.input))
+        raise UsageError(sources_notice(args.input))
     check_judge_destination(args)  # before anything is read or sent (generation/destinations.py's gate)
     attempts = "all" if args.all_attempts else "accepted"
     make_samples = _samples(args, attempts)
@@ -172,7 +173,7 @@ def run_eval(args) -> int:
         probes = _probe_prerequisites(args)
     except ImportError as exc:
         print(f"medbanana eval: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     with hold_lock(args.out, "evaluation folder"):  # one writer: two evals would both append to samples.jsonl
         code = _evaluate_into_out(args, samples, attempts)
         if args.separability or args.classifier:
@@ -184,21 +185,21 @@ def _probe_prerequisites(args) -> tuple:
     """(classifier, embedder): dependencies checked and models loaded before any sample is scored."""
     classifier = embedder = None
     if args.probe_features and not args.separability:
-        raise ValueError("--probe-features applies to --separability")
+        raise UsageError("--probe-features applies to --separability")
     if args.classifier_weights and not args.classifier:
-        raise ValueError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS")
+        raise UsageError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS")
     if args.separability:
         if args.probe_size < 32 or not 1 <= args.probe_quality <= 100:
-            raise ValueError("--probe-size is at least 32 and --probe-quality between 1 and 100")
+            raise UsageError("--probe-size is at least 32 and --probe-quality between 1 and 100")
         if args.probe_detail and args.probe_detail < args.probe_size:
-            raise ValueError(f"--probe-detail is 0 (none) or at least --probe-size ({args.probe_size})")
+            raise UsageError(f"--probe-detail is 0 (none) or at least --probe-size ({args.probe_size})")
         if args.probe_features:
             from .probe_embeddings import load_embedder
 
             embedder = load_embedder(args.probe_features)
     if args.classifier:
         if not 0 < args.threshold < 1:
-            raise ValueError(f"--threshold is a probability between 0 and 1, not {args.threshold}")
+            raise UsageError(f"--threshold is a probability between 0 and 1, not {args.threshold}")
         from .classifiers import load_classifier
 
         classifier = load_classifier(args.classifier, args.classifier_weights)
@@ -314,11 +315,11 @@ def _attention_runs(args) -> list[Path]:
     if args.attention_run:
         for run in args.attention_run:
             if not Path(run).is_dir():
-                raise ValueError(f"--attention-run {run} is not a folder: name the run directory whose edits "
+                raise UsageError(f"--attention-run {run} is not a folder: name the run directory whose edits "
                                  "recorded attention (generate --diffusers-attention)")
         return args.attention_run
     if input_kind(args.input) != "run":
-        raise ValueError(f"--attention: {args.input} is not a run directory; name the run its edits came from "
+        raise UsageError(f"--attention: {args.input} is not a run directory; name the run its edits came from "
                          "with --attention-run RUN_DIR (the attention masks are recorded there)")
     return [args.input]
 
@@ -364,4 +365,4 @@ def run_judge_agreement(args) -> int:
         print(f"human agreement on qualified: {qualified['agreement']:.1%} over {qualified['edits']} edits, kappa "
               f"{kappa}, too strict {qualified['too_strict']:.1%}, too lenient {qualified['too_lenient']:.1%}")
     print(f"wrote {args.out.resolve()}/report.md")
-    return 0
+    return EXIT_OK

@@ -46,6 +46,7 @@ from ..generation.records import VERDICT_FIELDS, decode_rgb, verdict_values
 from ..generation.rundir import schema
 from ..generation.rundir.layout import IMAGE_SUFFIXES
 from ..generation.taxonomy import DIRECTIONS, canonical_prompt, load_taxonomy
+from ..generation.failures import NotFound, UsageError
 
 REQUIRED = ("id", "source", "edited", "instruction", "disease", "direction")
 SCORABLE_CONFIGS = ("sft", "failed", "judge")  # configs whose rows hold a source and an edited image
@@ -107,18 +108,18 @@ def open_samples(path: Path, *, config: str | None = None, split: str | None = N
     kind = input_kind(path)
     if kind == "manifest":
         if edits is not None or config is not None:
-            raise ValueError("--edits and --config apply to built datasets and run directories, not to samples files")
+            raise UsageError("--edits and --config apply to built datasets and run directories, not to samples files")
         samples = iter(read_samples_file(path))
     elif kind == "dataset":
         samples = dataset_samples(path, config or "sft", split, source_images)
     else:
         if config is not None:
-            raise ValueError(f"{path} is a run directory: --config applies to built datasets")
+            raise UsageError(f"{path} is a run directory: --config applies to built datasets")
         samples = run_samples(path, source_images, attempts, follow_recorded_sources)
     if edits is not None:
         edits = Path(edits)
         if not edits.is_dir():
-            raise FileNotFoundError(f"edits folder not found: {edits}")
+            raise NotFound(f"edits folder not found: {edits}")
         samples = (with_model_edit(s, edits) for s in samples)
     return samples
 
@@ -142,11 +143,11 @@ def read_samples_file(path: Path) -> list[Sample]:
         where = f"{file}:{line_no}"
         missing = [k for k in REQUIRED if not str(raw.get(k) or "").strip()]
         if missing:
-            raise ValueError(f"{where}: missing {', '.join(missing)} (required: {', '.join(REQUIRED)})")
+            raise UsageError(f"{where}: missing {', '.join(missing)} (required: {', '.join(REQUIRED)})")
         if raw["direction"] not in DIRECTIONS:
-            raise ValueError(f"{where}: direction must be add or remove, not {raw['direction']!r}")
+            raise UsageError(f"{where}: direction must be add or remove, not {raw['direction']!r}")
         if raw["id"] in seen:
-            raise ValueError(f"{where}: duplicate id {raw['id']!r}")
+            raise UsageError(f"{where}: duplicate id {raw['id']!r}")
         seen.add(raw["id"])
         disease, modality = normalise_disease(raw["disease"], raw.get("modality") or None)
         accepted = str(raw.get("accepted", "")).strip().lower()
@@ -157,7 +158,7 @@ def read_samples_file(path: Path) -> list[Sample]:
                               problem=f"file not found: {'; '.join(absent)}" if absent else None,
                               accepted={"true": True, "1": True, "false": False, "0": False}.get(accepted), **refs))
     if not samples:
-        raise ValueError(f"{file}: no samples")
+        raise UsageError(f"{file}: no samples")
     return samples
 
 
@@ -173,12 +174,12 @@ def dataset_samples(folder: Path, config: str, split: str | None, source_images:
     import pyarrow.parquet as pq
 
     if config not in SCORABLE_CONFIGS:
-        raise ValueError(f"config {config!r} has no source/edited image pair to score; use one of "
+        raise UsageError(f"config {config!r} has no source/edited image pair to score; use one of "
                          f"{', '.join(SCORABLE_CONFIGS)}")
     files = _shards(folder, config, split)
     if not files:
         present = sorted(p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.parquet")))
-        raise ValueError(f"{folder}: no parquet files for config {config!r}"
+        raise UsageError(f"{folder}: no parquet files for config {config!r}"
                          f"{f' split {split!r}' if split else ''}; configs present: {', '.join(present) or 'none'}")
     sources = SourceIndex(source_images) if source_images else None
     return _dataset_rows(files, config, sources, pq)
@@ -234,7 +235,7 @@ def run_samples(run_path: Path, source_images: Path | None, attempts: str,
     """Without `source_images` (and the recorded folder not followed, or none) the samples keep their recorded
     verdicts (what `judge-agreement` compares with human labels) and each has `sources_notice` as its problem."""
     if attempts not in ("accepted", "all"):
-        raise ValueError(f"attempts is 'accepted' or 'all', not {attempts!r}")
+        raise UsageError(f"attempts is 'accepted' or 'all', not {attempts!r}")
     units = discover_units(run_path)
     recorded = recorded_sources(run_path) if source_images is None and follow_recorded_sources else None
     if recorded is not None and Path(recorded).is_dir():

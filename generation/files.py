@@ -22,6 +22,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from .failures import UsageError
 
 TEMP_NAME = re.compile(r"^\..+\.tmp\d+(\.\d+)?$")  # what atomic_write_bytes leaves behind when killed mid-write
 _serial = itertools.count()  # two writes of one path in one process (threads) never share a temp file
@@ -55,7 +56,7 @@ def create_new(path: Path, mode: int = 0o666, flags: int = 0) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | flags, mode)
 
 
-class UnsafeFile(ValueError):
+class UnsafeFile(UsageError):
     """A file medbanana would write in place, or read, that is a symbolic link (`symlink`), no regular file (a
     folder, a FIFO, a device) or, to be written, a hard link: refused in one line naming it."""
 

@@ -1,7 +1,7 @@
 """The per-task refinement loop: instruction -> edit the ORIGINAL -> judge -> refine from the full history.
 
 It is written once, as a plain generator, `refinement`: it yields each step it needs answered (`WriteInstruction`,
-`EditImage`, `CheckGeometry`, `JudgeEdit`, then `RoundFinished` for the store), is sent each step's answer or has
+`EditImage`, `CheckGeometry`, `JudgeEdit`, then `StoreAttempt` for the store), is sent each step's answer or has
 the step's exception thrown into it, and returns the TaskOutcome. `CheckGeometry` (the geometry guard,
 generation/geometry.py) is answered by the driver itself, off its event loop: an edit whose frame moved is
 rejected before the judge, warped back onto the source's grid, or judged as it came, by the run's `geometry` mode. It alone names the steps, builds the attempts, applies the
@@ -120,7 +120,7 @@ class CheckGeometry:
 
 
 @dataclass(frozen=True)
-class RoundFinished:
+class StoreAttempt:
     """A finished attempt (and its image, None after a refused edit), to be stored. The driver sets
     `attempt.seconds` (its measure of the round's wall time), writes it, and answers None: only then does the
     attempt count, so a round that was never stored is never part of the outcome."""
@@ -131,7 +131,7 @@ class RoundFinished:
 
 
 BACKEND_STEPS = (WriteInstruction, EditImage, JudgeEdit)  # in the order of a round (CheckGeometry between the last two)
-Step = Union[WriteInstruction, EditImage, CheckGeometry, JudgeEdit, RoundFinished]
+Step = Union[WriteInstruction, EditImage, CheckGeometry, JudgeEdit, StoreAttempt]
 # what is sent back depends on the step (an Instruction, an EditedImage, a Verdict, None): no one type says it
 Refinement = Generator[Step, Any, TaskOutcome]
 
@@ -182,7 +182,7 @@ def _rounds(task: Task, source: SourceImage, attempts: list[Attempt], max_rounds
                                       edit_details=edited.details, edit_usage=edited.usage, geometry=check.record())
         except APIError as error:
             return TaskOutcome(task, TaskStatus.API_FAILED, attempts, ApiFailure(step, round_no, str(error), error.kind))
-        yield RoundFinished(task, attempt, edited)
+        yield StoreAttempt(task, attempt, edited)
         attempts.append(attempt)
         if attempt.accepted:
             return TaskOutcome(task, TaskStatus.SUCCESS, attempts)
@@ -217,7 +217,7 @@ async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter
     while not isinstance(step, TaskOutcome):
         answer: object = None
         try:
-            if isinstance(step, RoundFinished):
+            if isinstance(step, StoreAttempt):
                 step.attempt.seconds = time.perf_counter() - started
                 if on_round is not None and (maybe := on_round(task, step.attempt, step.image)) is not None:
                     await maybe

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from .failures import UsageError
 
 
 # Pillow's own warning threshold: the default of `prepare --max-pixels` and `generate --max-pixels`
@@ -64,7 +65,7 @@ def as_bool(value) -> bool | None:
 def strict_bool(value) -> bool | None:
     """`as_bool`, where a word must be one of TRUE_WORDS or FALSE_WORDS (a person's label): ValueError otherwise."""
     if isinstance(value, str) and value.strip().lower() not in TRUE_WORDS | FALSE_WORDS:
-        raise ValueError(f"{value!r} is not true/false, yes/no, 1/0 or pass/fail")
+        raise UsageError(f"{value!r} is not true/false, yes/no, 1/0 or pass/fail")
     return as_bool(value)
 
 
@@ -180,15 +181,15 @@ def open_image(data: bytes, max_pixels: int | None = None):
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         # Pillow's own guard, from the header too (the warning is raised only when warnings are errors)
         limit = f" > {max_pixels} (--max-pixels)" if max_pixels else ""
-        raise ValueError(f"over the pixel limit{limit}: {exc}") from None
+        raise UsageError(f"over the pixel limit{limit}: {exc}") from None
     except UnidentifiedImageError:  # its message names the in-memory buffer, which tells the user nothing
-        raise ValueError("not a readable image: not an image format Pillow knows") from None
+        raise UsageError("not a readable image: not an image format Pillow knows") from None
     except (OSError, SyntaxError) as exc:
-        raise ValueError(f"not a readable image: {exc}") from exc
+        raise UsageError(f"not a readable image: {exc}") from exc
     w, h = image.size
     if max_pixels is not None and w * h > max_pixels:
         image.close()
-        raise ValueError(f"over the pixel limit: {w}x{h} = {w * h} pixels > {max_pixels} (--max-pixels); "
+        raise UsageError(f"over the pixel limit: {w}x{h} = {w * h} pixels > {max_pixels} (--max-pixels); "
                          "not decoded")
     return image
 
@@ -201,7 +202,7 @@ def decode_rgb(data: bytes, max_pixels: int | None = None) -> np.ndarray:
             im.load()
             return rgb_array(im)
         except (OSError, SyntaxError) as exc:
-            raise ValueError(f"not a readable image: {exc}") from exc
+            raise UsageError(f"not a readable image: {exc}") from exc
 
 
 def rgb_array(image) -> np.ndarray:

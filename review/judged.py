@@ -20,6 +20,7 @@ from ..evaluation.agreement import read_human_labels
 from ..evaluation.inputs import sample_id
 from ..generation.dataset.inputs import input_kind
 from ..generation.records import VERDICT_FIELDS, verdict_values
+from ..generation.failures import NotFound, UsageError
 
 
 
@@ -56,14 +57,14 @@ def judged_tasks(source: Path) -> list[JudgedTask]:
     yield). ValueError for anything else, or when nothing is judged."""
     source = Path(source)
     if not source.exists():
-        raise FileNotFoundError(f"{source}: no such dataset or run directory")
+        raise NotFound(f"{source}: no such dataset or run directory")
     kind = input_kind(source)
     if kind == "manifest":
-        raise ValueError(f"{source} is an evaluation samples file: calibrate reads the judge's verdicts of a run "
+        raise UsageError(f"{source} is an evaluation samples file: calibrate reads the judge's verdicts of a run "
                          "(--run) or of a dataset made by `medbanana build` (--dataset)")
     tasks = _dataset_tasks(source) if kind == "dataset" else _run_tasks(source)
     if not any(task.attempts for task in tasks):
-        raise ValueError(f"{source}: no judged attempt (no verdict recorded): nothing to calibrate against")
+        raise UsageError(f"{source}: no judged attempt (no verdict recorded): nothing to calibrate against")
     return sorted(tasks, key=lambda t: t.uid)
 
 
@@ -97,7 +98,7 @@ def _dataset_tasks(folder: Path) -> list[JudgedTask]:
         return tasks
     files = sorted(folder.glob("judge/*.parquet"))
     if not files:
-        raise ValueError(f"{folder}: a dataset without the conversations or judge config holds no verdicts to "
+        raise UsageError(f"{folder}: a dataset without the conversations or judge config holds no verdicts to "
                          "calibrate against; build it with one of them, or give the run (--run)")
     by_uid: dict[str, JudgedTask] = {}
     for file in files:
@@ -124,7 +125,7 @@ def read_labels(path: Path) -> list[ExpertLabel]:
     the sampling columns `sample`, `inclusion_probability` and `stratum_size` where the export has them."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"labels not found: {path} (write them with `medbanana review export`)")
+        raise NotFound(f"labels not found: {path} (write them with `medbanana review export`)")
     labels = read_human_labels(path)
     design: dict[str, dict] = {}
     with path.open(newline="", encoding="utf-8-sig") as fh:
@@ -143,9 +144,9 @@ def _number(text: str | None, kind, where: str):
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"{where}: {text!r} is not a number") from None
+        raise UsageError(f"{where}: {text!r} is not a number") from None
     if not (isinstance(value, int) or math.isfinite(value)) or value <= 0 or (kind is float and value > 1):
-        raise ValueError(f"{where}: {text!r} is out of range")
+        raise UsageError(f"{where}: {text!r} is out of range")
     return value
 
 

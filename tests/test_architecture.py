@@ -180,3 +180,40 @@ def test_tests_mirror_the_package_folders():
     test_folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
     strays = sorted(str(f) for f in test_folders if f != Path(".") and not (ROOT / f / "__init__.py").exists())
     assert not strays, f"tests/{strays} match no package folder"
+
+
+def _own_and_imported(path: Path) -> tuple[set[str], set[str]]:
+    """The top-level names a module defines, and those it imports (under `if`/`try` too)."""
+    own, imported = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            own |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return own, imported - own
+
+
+def test_names_are_imported_from_their_home():
+    """No re-exports: a name is imported from the module that declares it, not from one that imported it (a
+    package's __init__, its public face, aside)."""
+    files = package_files() + [ROOT / "cli.py"] + sorted((ROOT / "tests").rglob("*.py")) + sorted(
+        (ROOT / "bench").glob("*.py"))
+    names = {module_name(p): _own_and_imported(p) for p in package_files() + [ROOT / "cli.py"]
+             if p.name != "__init__.py"}
+    wrong = []
+    for path in files:
+        module = "" if path.is_relative_to(ROOT / "tests") else module_name(path)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            if source in names:
+                wrong += [f"{path.relative_to(ROOT)}: {a.name} from {source}" for a in node.names
+                          if a.name in names[source][1] and not _is_module(f"{source}.{a.name}")]
+    assert not wrong, f"import these from the module that declares them: {wrong}"

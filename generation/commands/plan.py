@@ -11,6 +11,7 @@ from ..records import DEFAULT_CONCURRENCY, DEFAULT_MAX_ROUNDS
 from .options import (add_backend_choice, add_model_options, add_openai_endpoint_options, add_prices_option,
                       add_rate_limits, add_selection_options, add_vertex_options, count)
 from .spending import describe_roles, shown, usd_range
+from ..failures import EXIT_OK, EXIT_USAGE
 
 
 def cmd_plan(args) -> int:
@@ -26,7 +27,7 @@ def cmd_plan(args) -> int:
 
     if args.sources is None:
         print("medbanana plan: --sources is required (the folder `generate --sources` would read)", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     named_vertex = bool(args.vertex or args.vertex_project or args.vertex_location)  # as generate decides it
     backend = args.backend or ("gemini" if named_vertex else default_backend())
@@ -52,7 +53,7 @@ def cmd_plan(args) -> int:
         print(json.dumps(plan_json(plan, places), indent=1))
     else:
         print(plan_text(plan, places))
-    return 0
+    return EXIT_OK
 
 
 def plan_json(plan, places: list[dict]) -> dict:

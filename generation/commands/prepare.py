@@ -19,6 +19,7 @@ from ..sources.prepare import REPORT, PrepareOptions, prepare
 from ..sources.preprocess import ASPECTS, ImageOptions
 from ..taxonomy import load_taxonomy
 from ..vocabulary import old_spelling
+from ..failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 HELP = """\
 Turn a downloaded dataset into the generator's source layout, OUT/{D}/normal/*.jpeg and OUT/{D}/{Disease}/*.jpeg:
@@ -114,7 +115,7 @@ def cmd_prepare(args) -> int:
         sections = prepare(args.kind, args.root, args.out, adapter_opts, opts)
     except PrepareError as exc:
         print(f"medbanana prepare: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     total = 0
     for name, section in sections.items():
         if section.get("skipped"):
@@ -132,5 +133,5 @@ def cmd_prepare(args) -> int:
     print(f"sources: {args.out}  report: {args.out / REPORT}  manifest: {args.out / MANIFEST}")
     if not total:
         print("medbanana prepare: nothing was prepared; see the report", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILURE
+    return EXIT_OK

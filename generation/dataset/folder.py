@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 import yaml
+from ..failures import UsageError
 
 CARD = "README.md"  # the dataset card, its YAML `configs:` first
 BUILD_INFO = "medbanana-build.json"
@@ -31,7 +32,7 @@ def shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.parquet"
 
 
-class Unreadable(ValueError):
+class Unreadable(UsageError):
     """A dataset folder's file that load_medbanana will not read; the message names it."""
 
 
@@ -142,6 +143,6 @@ class _StrictLoader(yaml.SafeLoader):
         for key, _ in node.value:
             if isinstance(key, yaml.ScalarNode):
                 if key.value in seen:
-                    raise ValueError(f"the key {key.value[:80]!r} twice, line {key.start_mark.line + 2}")
+                    raise UsageError(f"the key {key.value[:80]!r} twice, line {key.start_mark.line + 2}")
                 seen.add(key.value)
         return super().construct_mapping(node, deep=deep)

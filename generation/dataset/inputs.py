@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .configs import CONFIG_NAMES
 from .folder import BUILD_INFO
+from ..failures import UsageError
 
 MANIFEST_NAMES = ("samples.jsonl", "samples.csv")  # a folder of samples: the file that lists them
 
@@ -21,7 +22,7 @@ def input_kind(path: Path) -> str:
         if path.suffix == ".jsonl":
             first = next((line for line in path.open(encoding="utf-8") if line.strip()), "{}")
             return "run" if "image_id" in json.loads(first) else "manifest"  # §5.2 records name image_id
-        raise ValueError(f"{path}: an input file is a samples .jsonl or .csv (or a run's records.jsonl)")
+        raise UsageError(f"{path}: an input file is a samples .jsonl or .csv (or a run's records.jsonl)")
     if any((path / name).is_file() for name in MANIFEST_NAMES):
         return "manifest"
     if (path / BUILD_INFO).is_file() or any((path / c).is_dir() for c in CONFIG_NAMES):

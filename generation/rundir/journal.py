@@ -20,7 +20,8 @@ from ..records import json_bool, task_uid
 from ..outcomes import TaskStatus
 from ..taxonomy import DIRECTIONS
 from . import layout
-from .schema import ROUND_LINE, TASK_LINE, Round, RoundLine, TaskLine, malformed, refusal, shown
+from .schema import ROUND_LINE, TASK_LINE, RoundEntry, RoundLine, TaskLine, malformed, refusal, shown
+from ..failures import UsageError
 
 STATUSES = tuple(TaskStatus)
 NAME_MAX = 255  # bytes in one file or folder name (ext4, XFS, Btrfs, NFS): a longer dataset folder cannot be made
@@ -58,7 +59,7 @@ def parse_journal(data: bytes, who: str) -> list[JournalLine]:
         try:
             entry = json.loads(raw)
         except UnicodeDecodeError:
-            raise ValueError(f"{where}: not UTF-8 text") from None
+            raise UsageError(f"{where}: not UTF-8 text") from None
         except json.JSONDecodeError:
             continue
         kind = entry.get("type") if isinstance(entry, dict) else None
@@ -78,7 +79,7 @@ def _decoded_line(decoder: msgspec.json.Decoder, raw: bytes, where: str, entry: 
     except msgspec.ValidationError as exc:  # "Expected `str | null`, got `int` - at `$.record.disease`"
         raise malformed(where, exc, entry) from None
     except msgspec.DecodeError as exc:
-        raise ValueError(f"{where}: not valid JSON text ({exc})") from None
+        raise UsageError(f"{where}: not valid JSON text ({exc})") from None
 
 
 def _plain_name(where: str, field: str, value: str | None) -> str:
@@ -101,7 +102,7 @@ def _dataset_name(where: str, field: str, dataset: str | None, direction: str) -
     return dataset
 
 
-def _edited(where: str, at: str, rnd: Round) -> bool:
+def _edited(where: str, at: str, rnd: RoundEntry) -> bool:
     """Whether a round's edit gave an image (`edit_result.success`; None: edited, as the builder reads it)."""
     success = rnd.edit_result.success if rnd.edit_result is not None else None
     edited = True if success is None else json_bool(success)

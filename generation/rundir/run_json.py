@@ -20,6 +20,7 @@ import msgspec
 
 from . import schema
 from .confined import MALFORMED, Refused, inside
+from ..failures import UsageError
 
 ENTRIES = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _CHUNK = 1 << 20
@@ -62,7 +63,7 @@ def require_utf8(data, path: Path) -> None:
                 decoder.decode(chunk.tobytes())  # keeps a character cut at the chunk's end for the next
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (byte {start + exc.start}: {exc.reason}); "
+        raise UsageError(f"{path}: not UTF-8 text (byte {start + exc.start}: {exc.reason}); "
                          "JSON files must be UTF-8") from None
     finally:
         view.release()
@@ -74,7 +75,7 @@ def decode(data, decoder: msgspec.json.Decoder, path: Path):
     try:
         return decoder.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # DecodeError covers ValidationError
-        raise ValueError(f"{path}: {exc}") from None
+        raise UsageError(f"{path}: {exc}") from None
 
 
 def entries(data, path: Path) -> dict[str, msgspec.Raw]:
@@ -145,9 +146,9 @@ def statuses(data, path: Path) -> dict:
     try:
         pairs = json.loads(bytes(data), object_pairs_hook=_Pairs)
     except ValueError as exc:  # JSONDecodeError
-        raise ValueError(f"{path}: {exc}") from None
+        raise UsageError(f"{path}: {exc}") from None
     if not isinstance(pairs, _Pairs):  # bad input, told as the ValueError every unreadable file is
-        raise ValueError(f"{path}: not a JSON object of task statuses")  # noqa: TRY004
+        raise UsageError(f"{path}: not a JSON object of task statuses")  # noqa: TRY004
     _require_once(pairs, path)
     return dict(pairs)
 
@@ -164,5 +165,5 @@ def _require_once(pairs: list, path: Path) -> None:
     twice = sorted(key for key, n in Counter(key for key, _ in pairs).items() if n > 1)
     if twice:
         more = f" (and {len(twice) - 1} more)" if len(twice) > 1 else ""
-        raise ValueError(f"{path}: task key {twice[0]!r}{more} appears more than once; a JSON object keeps only "
+        raise UsageError(f"{path}: task key {twice[0]!r}{more} appears more than once; a JSON object keeps only "
                          "the last entry of a key, so the others would be lost: keep one entry per task")

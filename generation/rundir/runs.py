@@ -35,6 +35,7 @@ from . import layout, readers, schema
 from .confined import OUTSIDE, Confined, Refused, handle, inside
 from .layout import RECORDS_JSONL
 from .task_records import TaskRecord, Unit, image_files
+from ..failures import NotFound, UsageError
 
 def discover_units(run_path: Path, refused=None) -> list[Unit]:
     """Everything readable in a run directory (or a records file, or a single `{D}-edit` folder).
@@ -44,10 +45,10 @@ def discover_units(run_path: Path, refused=None) -> list[Unit]:
     run_path = Path(run_path)
     if run_path.is_file():
         if run_path.suffix != ".jsonl":
-            raise ValueError(f"{run_path}: a run is a directory or a .jsonl file of §5.2 records")
+            raise UsageError(f"{run_path}: a run is a directory or a .jsonl file of §5.2 records")
         return [Unit("records", run_path.parent, run_path)]
     if not run_path.is_dir():
-        raise FileNotFoundError(f"run directory not found: {run_path}")
+        raise NotFound(f"run directory not found: {run_path}")
     listing = f"the listing of {run_path}"
     if (run_path / RECORDS_JSONL).is_file():
         try:
@@ -71,7 +72,7 @@ def discover_units(run_path: Path, refused=None) -> list[Unit]:
         if unit is not None:
             units.append(unit)
     if not units:
-        raise ValueError(f"{run_path}: no {{D}}-edit / {{D}}-remove folders with JSON or images, "
+        raise UsageError(f"{run_path}: no {{D}}-edit / {{D}}-remove folders with JSON or images, "
                          f"and no {RECORDS_JSONL}; is this a Med-Banana run directory?")
     return units
 
@@ -139,7 +140,7 @@ def recorded_max_rounds(run_dir: Path, refused=None) -> int | None:
         handle(Refused(str(exc), OUTSIDE), refused)
         return None
     if value is not None and (value.__class__ is not int or not 0 < value < 1000):
-        raise ValueError(f"{config}: field 'max_rounds' is {value!r:.40}, not a number of rounds")
+        raise UsageError(f"{config}: field 'max_rounds' is {value!r:.40}, not a number of rounds")
     return value
 
 

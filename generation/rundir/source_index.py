@@ -19,13 +19,14 @@ from pathlib import Path
 
 from .layout import IMAGE_SUFFIXES
 from .confined import SOURCE_MISMATCH, Confined, Refused, inside
+from ..failures import NotFound
 
 
 class SourceIndex:
     def __init__(self, root: Path):
         self.root = Path(root)
         if not self.root.is_dir():
-            raise FileNotFoundError(f"source images folder not found: {self.root}")
+            raise NotFound(f"source images folder not found: {self.root}")
         self._by_stem: dict[str, list[str]] = {}
         self._dataset_dirs: set[str] = set()  # folders of the input layout's {D}: those holding normal/
         for folder, dirs, files in os.walk(self.root):  # followlinks=False: a linked folder is not entered

@@ -33,13 +33,14 @@ from .schema import attempt_from_round, read_run_config
 from ..records import Attempt, EditedImage, SourceImage, Task
 from ..outcomes import ApiFailure, TaskOutcome, TaskStatus
 from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, open_append, read_jsonl, same_bytes
+from ..failures import UsageError
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
 IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed", "c2pa")
 
 
-class RunConfigMismatch(RuntimeError):
+class RunConfigMismatch(UsageError, RuntimeError):
     """The run directory was started with another configuration."""
 
 

@@ -27,6 +27,7 @@ from .plan import Plan, PlanSetting, estimate
 from ..sources.scan import Selection, SourceLayoutError, scan_sources
 from ..rundir.journal import journal_lines
 from ..taxonomy import DIRECTIONS
+from ..failures import NotFound, UsageError
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 PILOT_MINIMUM = 10  # finished tasks of a resumed run that its own estimate is measured on
@@ -183,7 +184,7 @@ def _priced(options: RunOptions, described: dict, prices: PriceTable | None, bud
              for role, backend in zip(ROLES, made)}
     pricing = RunPricing(prices or load_prices(), described, batch, budget, tries)
     if budget is not None and (unpriced := pricing.unpriced()):
-        raise ValueError(f"--budget needs a price for every paid model; {', '.join(unpriced)} has none in the "
+        raise UsageError(f"--budget needs a price for every paid model; {', '.join(unpriced)} has none in the "
                          f"price table: give one with --prices FILE")
     plan = estimate_todo(tasks, out, pricing, options)
     return replace(options, pricing=replace(pricing, per_task_usd=plan.figures["usd"][0] / max(plan.tasks, 1))), \
@@ -252,7 +253,7 @@ def retry_selection(run_dir: Path, *, selection: Selection | None = None, modali
     config = run_config(run_dir)
     recorded = config.get("selection")
     if not isinstance(recorded, dict):
-        raise ValueError(f"{run_dir}/{layout.RUN_CONFIG} records no selection; rerun the original command "
+        raise UsageError(f"{run_dir}/{layout.RUN_CONFIG} records no selection; rerun the original command "
                          f"instead of --retry-failed")
     given = selection or Selection()
     differs = []
@@ -267,7 +268,7 @@ def retry_selection(run_dir: Path, *, selection: Selection | None = None, modali
         if not defaulted and mine != theirs:
             differs.append(f"{name} {_shown(mine)} (the run has {_shown(theirs)})")
     if differs:
-        raise ValueError(f"--retry-failed {run_dir} re-runs the tasks of the selection that run recorded; "
+        raise UsageError(f"--retry-failed {run_dir} re-runs the tasks of the selection that run recorded; "
                          f"{'; '.join(differs)}: leave these options out, or start a new run with --out")
     known = None
     if "shard" not in recorded or "limit" not in recorded or config.get("merged_from"):
@@ -290,5 +291,5 @@ def run_config(run_dir: Path) -> dict:
     """RUN_DIR/medbanana-run.json, parsed as the run's one schema (schema.RunConfig): a field of the wrong type is a
     ValueError naming the file and the field."""
     if (config := schema.read_run_config(run_dir, strict=True)) is None:
-        raise FileNotFoundError(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
+        raise NotFound(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
     return config

@@ -19,6 +19,7 @@ from ..outcomes import ApiFailure, FailureKind, TaskOutcome, TaskStatus
 from ..rundir.mask_files import MaskProcess
 from .budget import BudgetReached, metered
 from .session import RunOptions, RunSession, RunSummary
+from ..failures import UsageError
 
 
 def read_source(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> SourceImage:
@@ -34,7 +35,7 @@ def read_source(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> SourceImage
             image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
             image.load()
         except (OSError, SyntaxError) as exc:
-            raise ValueError(f"not a readable image: {exc}") from exc
+            raise UsageError(f"not a readable image: {exc}") from exc
     return source
 
 

@@ -88,8 +88,8 @@ class RunSummary:
     def as_dict(self) -> dict:
         return {"tasks": sum(self.statuses.values()), "ran_now": self.tasks - self.skipped - self.unfinished,
                 "skipped": self.skipped,
-                "success": self.statuses["success"], "failed": self.statuses["failed"],
-                "api_failed": self.statuses["api_failed"], "failed_attempts": self.failed_attempts,
+                **{status.value: self.statuses[status] for status in TaskStatus},
+                "failed_attempts": self.failed_attempts,
                 "success_rounds": {str(k): v for k, v in sorted(self.success_rounds.items())},
                 "error_kinds": dict(self.error_kinds), "api_calls": self.api_calls, "cache_hits": self.cache_hits,
                 "reconciled": {k: v for k, v in sorted(self.reconciled.items()) if v},

@@ -22,7 +22,7 @@ from medbanana.cli import main
 from medbanana.generation.rundir.lock import hold_lock
 from PIL import Image
 
-EXIT_LOCKED = 75  # documented (generation/rundir/lock.py, docs/exit-codes.md), pinned here on purpose
+EXIT_LOCKED = 75  # documented (generation/failures.py, docs/exit-codes.md), pinned here on purpose
 DATASET = "odir_ours_fundus"
 KEPT = "mimic_ours_cxr"  # the one dataset whose sources are held in the partial cases
 

@@ -281,7 +281,7 @@ def test_a_name_that_is_no_folder_here_fails_at_once_with_what_to_do(tmp_path):
                               env=env, timeout=120).stdout
 
     said = load("medbanana-50k")
-    assert said.startswith("FileNotFoundError") and f"not a folder in {tmp_path}" in said and "ORG/NAME" in said
+    assert said.startswith("NotFound") and f"not a folder in {tmp_path}" in said and "ORG/NAME" in said  # a FileNotFoundError
     said = load("my-org/medbanana-50k")
     assert said.startswith("ConnectionError") and f"http://127.0.0.1:{port} cannot be reached" in said
     assert "HF_HUB_OFFLINE=1" in said and "folder's path" in said

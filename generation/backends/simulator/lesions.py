@@ -22,6 +22,7 @@ from scipy import ndimage
 from ...anatomy import ANAT, Anatomy, estimate_anatomy
 from ...raster import SourceCache, blur, ellipse_radius, resize_field, resize_rgb
 from .imaging import WORK, grain_level, highpass, luminance, robust_std, smooth_noise, soft_edge
+from ...failures import UsageError
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def spec_for(disease: str) -> LesionSpec:
     try:
         return SPECS[disease]
     except KeyError:
-        raise ValueError(f"the simulator has no lesion model for {disease!r}; known: {', '.join(SPECS)}") from None
+        raise UsageError(f"the simulator has no lesion model for {disease!r}; known: {', '.join(SPECS)}") from None
 
 
 _CANVASES: SourceCache[Canvas] = SourceCache(16)

@@ -20,6 +20,7 @@ import pytest
 from fake_runs import mimic_sources, use_fake_gemini
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
+from medbanana.generation.failures import WorkerCrashed
 from medbanana.generation.runners import processes as workers
 from medbanana.generation.testing.fake_gemini import FakeGemini
 from medbanana.generation.runners.generate import BackendSpec
@@ -146,7 +147,7 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error_and_a_rerun_resumes
 
         killer = threading.Thread(target=kill_a_worker)
         killer.start()
-        with pytest.raises(workers.WorkerCrashed, match="rerun the same command to resume"):
+        with pytest.raises(WorkerCrashed, match="rerun the same command to resume"):
             generate(sources, out, spec=spec, options=options)
         killer.join()
         summary = generate(sources, out, spec=spec, options=options)
