@@ -34,7 +34,7 @@ def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: 
     `geometry` is the geometry guard's mode, `drift` the share of the simulated editor's edits whose frame moves.
 
     Rerunning on the same OUT resumes; other source options (--normal, --diseased, --size) than the folder was made
-    with are refused (ValueError), since its sources are kept and the run would silently be the old one."""
+    with are refused (UsageError), since its sources are kept and the run would silently be the old one."""
     from .generation.backends.simulator.phantoms import write_demo_sources
     from .generation.runners.generate import generate  # here: every command's parser imports this module
     from .generation.runners.session import RunOptions
@@ -76,7 +76,7 @@ MARK = "medbanana-demo.json"  # what makes a folder the demo's own: it writes in
 
 def _check_out(out: Path) -> None:
     """--out is new, empty, or a demo's (its MARK; before there was one, its run's or sources' demo records): a
-    ValueError otherwise, since the demo would write its folders among the user's files."""
+    UsageError otherwise, since the demo would write its folders among the user's files."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UsageError(f"--out {out} is not a folder; choose a new one")
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []

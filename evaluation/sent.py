@@ -20,7 +20,7 @@ from ..generation.rundir import schema
 
 
 def check_judge_destination(args) -> None:
-    """DestinationRefused (a ValueError: one line, exit 2) when the input's images may not go to the judge; a
+    """DestinationRefused (a UsageError: one line, exit 2) when the input's images may not go to the judge; a
     warning per line the gate has for them."""
     if args.judge == "none":
         return

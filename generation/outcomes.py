@@ -18,6 +18,10 @@ class TaskStatus(StrEnum):
     API_FAILED = "api_failed"  # ended by a failure (`ApiFailure`, of a `FailureKind` or a backend's), rounds kept
 
 
+# the statuses, to test a word read from a file against (`word in TaskStatus` raises TypeError before Python 3.12)
+STATUSES = tuple(TaskStatus)
+
+
 class FailureKind(StrEnum):
     """The kinds of an api_failed task's failure that the code names itself; a backend's APIError names its own
     (`timeout`, `server_error`, ...)."""

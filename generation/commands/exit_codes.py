@@ -24,7 +24,7 @@ def api_failures(run_dir: Path) -> list[dict]:
 def failure_reasons(run_dir: Path, n: int = TOP) -> tuple[list[tuple[str, int, str]], int]:
     """(the `n` most frequent "kind at step: message" reasons, each with its count and the file its first message
     named, and how many distinct reasons there are)."""
-    messages = [f"{f.get('kind', 'api_error')} at {f.get('step', '?')}: {f.get('error', '')}"
+    messages = [f"{f.get('kind', FailureKind.API_ERROR)} at {f.get('step', '?')}: {f.get('error', '')}"
                 for f in api_failures(run_dir)]
     return top_reasons(messages, n), len({reason_key(m) for m in messages})
 

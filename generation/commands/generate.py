@@ -178,7 +178,7 @@ def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options, p
 
 def signing_credentials(cert: Path | None, key: Path | None):
     """SigningCredentials from the options or the environment, None (no signing), or an exit code after a line on
-    stderr (c2pa-python missing). Bad paths raise SigningError, a ValueError: the CLI prints it as one line."""
+    stderr (c2pa-python missing). Bad paths raise SigningError, a UsageError: the CLI prints it as one line."""
     from ..rundir.signing import SigningCredentials, require_c2pa
 
     credentials = SigningCredentials.from_options(cert, key)

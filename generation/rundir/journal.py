@@ -3,7 +3,7 @@
 ROUND_LINE, TASK_LINE) and checked as the store writes it, before anything is done with any: the names that
 become folders and files (dataset, disease, source id) are plain names, the uid and key follow from them, rounds
 are numbered 1, 2, ..., and each image is the path the layout gives for its task and round, so that no record
-steers a write outside the run. A refusal is a ValueError naming the file, the line and the field.
+steers a write outside the run. A refusal is a UsageError naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import msgspec
 
 from ..files import open_owned
 from ..records import json_bool, task_uid
-from ..outcomes import TaskStatus
+from ..outcomes import STATUSES, TaskStatus
 from ..taxonomy import DIRECTIONS
 from . import layout
 from .schema import ROUND_LINE, TASK_LINE, RoundEntry, RoundLine, TaskLine, malformed, refusal, shown
 from ..failures import UsageError
 
-STATUSES = tuple(TaskStatus)
 NAME_MAX = 255  # bytes in one file or folder name (ext4, XFS, Btrfs, NFS): a longer dataset folder cannot be made
 
 

@@ -18,13 +18,12 @@ from pathlib import Path
 import msgspec
 
 from ..records import json_bool, task_uid
-from ..outcomes import TaskStatus
+from ..outcomes import STATUSES, TaskStatus
 from ..taxonomy import DIRECTIONS, load_taxonomy
 from . import layout, run_json, schema
 from .confined import INCONSISTENT, MALFORMED, Confined, Refused, handle
 from .task_records import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_modality
 
-STATUSES = tuple(TaskStatus)
 _NO_ROUND = object()  # equal to no round number: a task that is not a success accepts none
 _INT32 = 2**31
 
