@@ -6,11 +6,10 @@ a second), which every `medbanana` command would then pay just to build its pars
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-from .generation.vocabulary import old_spelling
+from .generation.vocabulary import DEFAULT_THREADS, old_spelling
 from .generation.failures import EXIT_OK, EXIT_USAGE
 
 
@@ -43,7 +42,7 @@ def register(sub) -> None:
                            help="source images for a dataset built without them (as `build --source-images`)")
     medebench.add_argument("--force", action="store_true",
                            help="write into a non-empty --out, replacing its editing/ folder")
-    threads = medebench.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+    threads = medebench.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
                                      help="threads encoding the PNGs, the export's main cost (default: one per CPU, "
                                           "at most 4)")
     old_spelling(medebench, threads, "--workers")

@@ -8,7 +8,6 @@ problem (PrepareError).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from ..sources.adapters import ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, Pre
 from ..sources.prepare import REPORT, PrepareOptions, prepare
 from ..sources.preprocess import ASPECTS, ImageOptions
 from ..taxonomy import load_taxonomy
-from ..vocabulary import old_spelling
+from ..vocabulary import DEFAULT_THREADS, old_spelling
 from ..failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 HELP = """\
@@ -96,7 +95,7 @@ def register(subparsers) -> None:
                    help=f"skip images with more pixels than this, read from the header before decoding (default "
                         f"{DEFAULT_MAX_PIXELS}, as `generate --max-pixels`; Pillow itself refuses more than twice "
                         "its default)")
-    threads = g.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+    threads = g.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
                              help="threads decoding and encoding the images (default: one per CPU, at most 4)")
     old_spelling(g, threads, "--workers")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
