@@ -128,6 +128,12 @@ def main() -> int:
     count = sum(1 for p in a.rglob("*") if p.is_file())
     for line in problems:
         print(line)
+    rows = {}  # the built dataset's rows per config, each compared cell by cell above
+    for path in sorted(a.rglob("*.parquet")):
+        config = path.relative_to(a).parts[-2]
+        rows[config] = rows.get(config, 0) + pq.read_metadata(path).num_rows
+    if rows:
+        print("dataset rows compared: " + ", ".join(f"{config} {n}" for config, n in rows.items()))
     print(f"{count} files compared: {'identical' if not problems else f'{len(problems)} differ'} "
           "(run ids, clock stamps and durations set aside)")
     return 1 if problems else 0
