@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import io
 import json
 import random
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +26,7 @@ from ..generation.records import VERDICT_BOOLEANS, as_bool, strict_bool
 from .inputs import Sample, image_bytes
 from .judging import judge_once, labels
 from ..generation.failures import UsageError
+from ..generation.files import read_user_text
 
 DIMENSIONS = VERDICT_BOOLEANS
 
@@ -82,7 +84,7 @@ def human_agreement(judge: dict[str, dict], human: dict[str, dict]) -> dict:
 
 
 def read_human_labels(path: Path) -> dict[str, dict[str, bool | None]]:
-    with Path(path).open(newline="", encoding="utf-8-sig") as fh:
+    with io.StringIO(read_user_text(path), newline="") as fh:
         reader = csv.DictReader(fh)
         fields = set(reader.fieldnames or ())
         if "qualified" not in fields or not ({"id"} <= fields or {"uid", "round"} <= fields):

@@ -130,17 +130,30 @@ def _samples_file(path: Path) -> Path:
     return path if path.is_file() else next(path / n for n in MANIFEST_NAMES if (path / n).is_file())
 
 
+def _json_line(file: Path, line_no: int, line: str):
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise UsageError(f"{file}:{line_no}: not a JSON line ({exc})") from None
+
+
 def read_samples_file(path: Path) -> list[Sample]:
     file = _samples_file(path)
     root = file.parent
-    if file.suffix == ".csv":
-        with file.open(newline="", encoding="utf-8") as fh:
-            entries = list(enumerate(csv.DictReader(fh), start=2))
-    else:
-        entries = [(n, json.loads(line)) for n, line in enumerate(file.open(encoding="utf-8"), 1) if line.strip()]
+    try:
+        if file.suffix == ".csv":
+            with file.open(newline="", encoding="utf-8") as fh:
+                entries = list(enumerate(csv.DictReader(fh), start=2))
+        else:
+            with file.open(encoding="utf-8") as fh:
+                entries = [(n, _json_line(file, n, line)) for n, line in enumerate(fh, 1) if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{file}: not UTF-8 text ({exc})") from None
     samples, seen = [], set()
     for line_no, raw in entries:
         where = f"{file}:{line_no}"
+        if not isinstance(raw, dict):
+            raise UsageError(f"{where}: a sample is a JSON object, not {type(raw).__name__}")
         missing = [k for k in REQUIRED if not str(raw.get(k) or "").strip()]
         if missing:
             raise UsageError(f"{where}: missing {', '.join(missing)} (required: {', '.join(REQUIRED)})")

@@ -162,3 +162,12 @@ def read_jsonl(path: Path) -> list:
         except json.JSONDecodeError:
             continue
     return values
+
+
+def read_user_text(path: Path, named: str = "") -> str:
+    """A text file the user named (a CSV of labels, a list of ids), BOM aside; one that is not UTF-8 is their
+    mistake to fix: a UsageError naming it (`named`: the option it was given with, e.g. "--only ")."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{named}{path}: not UTF-8 text ({exc})") from None

@@ -32,6 +32,7 @@ from ..generation.records import VERDICT_BOOLEANS, as_bool, rubric_score
 from .judged import ExpertLabel, JudgedAttempt, JudgedTask, sample_check
 from .reliability import bootstrap_interval
 from ..generation.failures import NotFound, UsageError
+from ..generation.files import read_user_text
 
 FAMILIES = ("score", "booleans")
 POOLED = "all modalities"
@@ -284,7 +285,7 @@ def read_repeats(path: Path) -> dict[str, list[dict]]:
         raise NotFound(f"--repeated-verdicts: not found: {path} (the verdicts.jsonl `medbanana judge-agreement "
                                 "--repeats K` writes)")
     found: dict[str, list[dict]] = {}
-    for line_no, line in enumerate(path.open(encoding="utf-8"), 1):
+    for line_no, line in enumerate(read_user_text(path, "--repeated-verdicts ").splitlines(), 1):
         if not line.strip():
             continue
         try:

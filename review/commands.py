@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..generation.dataset.review_folder import DB_NAME, MODES  # the store itself is imported when a form needs it
 from ..generation.failures import EXIT_OK, NotFound, UsageError
+from ..generation.files import read_user_text
 
 DEFAULT_ITEMS = 100
 DEFAULT_RATERS = 2
@@ -224,7 +225,7 @@ def listed_ids(path: Path) -> set[str]:
 
     if not Path(path).is_file():
         raise NotFound(f"--only: not found: {path}")
-    text = Path(path).read_text(encoding="utf-8-sig")
+    text = read_user_text(path, "--only ")
     if Path(path).suffix.lower() == ".json":
         from ..generation.acceptance import read_policy
 

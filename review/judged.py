@@ -9,6 +9,7 @@ as in the labels.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from ..evaluation.inputs import sample_id
 from ..generation.dataset.inputs import input_kind
 from ..generation.records import VERDICT_FIELDS, verdict_values
 from ..generation.failures import NotFound, UsageError
+from ..generation.files import read_user_text
 
 
 
@@ -128,7 +130,7 @@ def read_labels(path: Path) -> list[ExpertLabel]:
         raise NotFound(f"labels not found: {path} (write them with `medbanana review export`)")
     labels = read_human_labels(path)
     design: dict[str, dict] = {}
-    with path.open(newline="", encoding="utf-8-sig") as fh:
+    with io.StringIO(read_user_text(path), newline="") as fh:
         for line_no, row in enumerate(csv.DictReader(fh), start=2):
             edit = row["id"] if row.get("id") else f"{row['uid']}#{row['round']}"
             design[edit] = {"sample": (row.get("sample") or "").strip(),

@@ -85,3 +85,16 @@ def test_only_a_usage_error_is_one_line_every_other_exception_keeps_its_tracebac
         assert err == f"medbanana taxonomy: error: {raised}\n"
     else:
         assert "Traceback" in err and err.rstrip().endswith(f"{type(raised).__name__}: {raised}")
+
+
+@pytest.mark.parametrize("name, content, said", [
+    ("first.jsonl", b"garbage{\n", "first.jsonl: not JSON lines"),
+    ("later.jsonl", b'{"id": "a"}\n{bad\n', "later.jsonl:2: not a JSON line"),
+    ("list.jsonl", b"[1, 2]\n", "list.jsonl:1: a sample is a JSON object, not list"),
+    ("latin.csv", b"id,source\n\xff\xfe,x\n", "latin.csv: not UTF-8 text")])
+def test_a_malformed_samples_file_is_the_users_mistake_in_one_line(tmp_path, capsys, name, content, said):
+    samples = tmp_path / name
+    samples.write_bytes(content)
+    assert main(["eval", str(samples), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"medbanana eval: error: {samples.parent}/{said}") and err.count("\n") == 1, err

@@ -20,8 +20,11 @@ def input_kind(path: Path) -> str:
         if path.suffix == ".csv":
             return "manifest"
         if path.suffix == ".jsonl":
-            first = next((line for line in path.open(encoding="utf-8") if line.strip()), "{}")
-            return "run" if "image_id" in json.loads(first) else "manifest"  # §5.2 records name image_id
+            try:
+                first = json.loads(next((line for line in path.open(encoding="utf-8") if line.strip()), "{}"))
+            except ValueError as exc:  # not JSON, or not UTF-8 text
+                raise UsageError(f"{path}: not JSON lines ({exc})") from None
+            return "run" if isinstance(first, dict) and "image_id" in first else "manifest"  # §5.2 records name image_id
         raise UsageError(f"{path}: an input file is a samples .jsonl or .csv (or a run's records.jsonl)")
     if any((path / name).is_file() for name in MANIFEST_NAMES):
         return "manifest"
