@@ -38,7 +38,7 @@ class OneLineErrors(argparse.ArgumentParser):
     subcommands: argparse.Action | None = None  # what add_subparsers returned: its `choices` name each subcommand
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def add_subparsers(self, **kwargs):
         """argparse's, kept on the parser so that the docs' CLI reference and their tests can walk the commands."""

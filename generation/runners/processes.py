@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from ..failures import WorkerCrashed
+from ..failures import EXIT_INCOMPLETE, WorkerCrashed
 from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..loop import acceptance_policy
 from ..records import Attempt, EditedImage, Task
@@ -139,7 +139,7 @@ def _receive(tasks: Connection, inbox: asyncio.Queue, loop: asyncio.AbstractEven
         try:
             message = tasks.recv()
         except (EOFError, OSError):
-            os._exit(3)  # the parent is gone: stop calling the API at once
+            os._exit(EXIT_INCOMPLETE)  # the parent is gone: stop calling the API at once
         loop.call_soon_threadsafe(inbox.put_nowait, message)
         if isinstance(message, Stop):
             return
@@ -204,7 +204,7 @@ def _send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
         try:
             results.send(message)
         except OSError:
-            os._exit(3)
+            os._exit(EXIT_INCOMPLETE)
 
 
 # ---------------------------------------------------------------- the parent
