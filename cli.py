@@ -11,6 +11,8 @@ import sys
 import warnings
 from os import PathLike
 
+from .generation.failures import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_LOCKED, EXIT_USAGE, UsageError, WorkerCrashed
+
 EPILOG = "Run `medbanana COMMAND --help` for each command's options. Docs: README.md and docs/ in the repository."
 
 
@@ -36,7 +38,7 @@ class OneLineErrors(argparse.ArgumentParser):
     subcommands: argparse.Action | None = None  # what add_subparsers returned: its `choices` name each subcommand
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def add_subparsers(self, **kwargs):
         """argparse's, kept on the parser so that the docs' CLI reference and their tests can walk the commands."""
@@ -86,13 +88,14 @@ INTERRUPTED = "interrupted: finished tasks are kept; run the same command again 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `medbanana` command: its exit code. Ctrl-C at any moment, while the parser's modules are imported too,
-    is one line and exit code 130 (the command's child processes ignore it: generation/interrupts.py)."""
+    """The `medbanana` command: its exit code (generation/failures.py's table). Ctrl-C at any moment, while the
+    parser's modules are imported too, is one line and EXIT_INTERRUPTED (the command's child processes ignore it:
+    generation/interrupts.py)."""
     try:
         return _run(argv)
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _run(argv: list[str] | None) -> int:
@@ -101,21 +104,22 @@ def _run(argv: list[str] | None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a command that prints how to go on
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     from .generation.extras import MissingExtra
-    from .generation.rundir.lock import EXIT_LOCKED, LockHeld
+    from .generation.rundir.lock import LockHeld
 
     warnings.showwarning = _one_line_warning
     try:
         return args.func(args)
     except MissingExtra as exc:  # an optional dependency this command needs: the extra to install, not a traceback
         print(f"medbanana {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except LockHeld as exc:  # another process writes (or reads) that folder: not this command's fault
         print(f"medbanana {args.command}: {exc}", file=sys.stderr)
         return EXIT_LOCKED
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        # user errors (unknown disease, bad layout, another run's folder): one clear line, non-zero exit
+    except (UsageError, WorkerCrashed) as exc:
+        # a user's mistake (unknown disease, bad layout, another run's folder), or a process of the run that died:
+        # one clear line and the error's exit code. Any other ValueError or RuntimeError is a bug: its traceback.
         return _one_line(args.command, exc)
     except OSError as exc:
         # a file that cannot be read or written where the user pointed (a folder where a file goes, no permission):
@@ -129,23 +133,23 @@ def _run(argv: list[str] | None) -> int:
 
 
 def _one_line(command: str, exc: BaseException) -> int:
-    """`exc` as one line on stderr, scrubbed (a message may quote an endpoint's answer); its exit code (2 unless it
-    carries another: WorkerCrashed's 4, a process of the run died)."""
+    """`exc` as one line on stderr, scrubbed (a message may quote an endpoint's answer); its exit code (EXIT_USAGE
+    unless it carries another: WorkerCrashed's EXIT_INFRASTRUCTURE, a process of the run died)."""
     from .generation.secrets import scrub
 
     print(f"medbanana {command}: error: {scrub(str(exc))}", file=sys.stderr)
     code = getattr(exc, "exit_code", None)
-    return code if isinstance(code, int) else 2
+    return code if isinstance(code, int) else EXIT_USAGE
 
 
 def _traceback() -> int:
-    """A bug or an unforeseen failure: its traceback, scrubbed (it may quote an endpoint's answer); exit code 1."""
+    """A bug or an unforeseen failure: its traceback, scrubbed (it may quote an endpoint's answer); EXIT_FAILURE."""
     import traceback
 
     from .generation.secrets import scrub
 
     print(scrub(traceback.format_exc()), file=sys.stderr, end="")
-    return 1
+    return EXIT_FAILURE
 
 
 if __name__ == "__main__":

@@ -14,27 +14,30 @@ from .generation.commands.options import whole_number
 from .generation.commands.run_options import add_run_options
 from .generation.destinations import MANIFEST, SYNTHETIC, manifest_row
 from .generation.files import atomic_write_bytes, atomic_write_json
-from .generation.records import DEFAULT_GEOMETRY
+from .generation.acceptance import DEFAULT_ACCEPT
+from .generation.records import DEFAULT_GEOMETRY, DEFAULT_MAX_ROUNDS
 from .generation.rundir import layout
+from .generation.failures import EXIT_OK, EXIT_USAGE, UsageError
 
 if TYPE_CHECKING:
-    from .generation.runners.local import RunSummary
+    from .generation.runners.session import RunSummary
 
 MIN_SIZE = 64  # the phantoms' anatomy and lesions are drawn in proportion; below this they are a few pixels
 
 
 def run_demo(out: Path, *, n_normal: int = 2, n_diseased: int = 1, concurrency: int = 2, seed: int = 0,
-             size: int = 1024, quiet: bool = False, build_dataset: bool = True, max_rounds: int = 5,
-             accept: str = "qualified", geometry: str = DEFAULT_GEOMETRY, drift: float = 0.0) -> RunSummary:
+             size: int = 1024, quiet: bool = False, build_dataset: bool = True,
+             max_rounds: int = DEFAULT_MAX_ROUNDS, accept: str = DEFAULT_ACCEPT, geometry: str = DEFAULT_GEOMETRY,
+             drift: float = 0.0) -> RunSummary:
     """Synthesise sources for all three modalities (no download, no key), generate with the simulator, and build
     the Hugging Face dataset folder OUT/dataset (sources attached: they are synthetic, so redistributable).
     `geometry` is the geometry guard's mode, `drift` the share of the simulated editor's edits whose frame moves.
 
     Rerunning on the same OUT resumes; other source options (--normal, --diseased, --size) than the folder was made
-    with are refused (ValueError), since its sources are kept and the run would silently be the old one."""
+    with are refused (UsageError), since its sources are kept and the run would silently be the old one."""
     from .generation.backends.simulator.phantoms import write_demo_sources
     from .generation.runners.generate import generate  # here: every command's parser imports this module
-    from .generation.runners.local import RunOptions
+    from .generation.runners.session import RunOptions
 
     out = Path(out)
     sources, run_dir = out / "sources", out / "run"
@@ -73,9 +76,9 @@ MARK = "medbanana-demo.json"  # what makes a folder the demo's own: it writes in
 
 def _check_out(out: Path) -> None:
     """--out is new, empty, or a demo's (its MARK; before there was one, its run's or sources' demo records): a
-    ValueError otherwise, since the demo would write its folders among the user's files."""
+    UsageError otherwise, since the demo would write its folders among the user's files."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ValueError(f"--out {out} is not a folder; choose a new one")
+        raise UsageError(f"--out {out} is not a folder; choose a new one")
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if not held or (out / MARK).is_file() or (out / "sources" / layout.SOURCES_MANIFEST).is_file():
         return
@@ -84,7 +87,7 @@ def _check_out(out: Path) -> None:
     except (OSError, ValueError):
         made = None
     if not (isinstance(made, dict) and made.get("demo")):
-        raise ValueError(f"--out {out} is not empty ({len(held)} entr{'y' if len(held) == 1 else 'ies'}, e.g. "
+        raise UsageError(f"--out {out} is not empty ({len(held)} entr{'y' if len(held) == 1 else 'ies'}, e.g. "
                          f"{held[0]}) and was not made by `medbanana demo`; give a new or empty folder")
 
 
@@ -95,21 +98,21 @@ def _check_same_demo(run_dir: Path, demo: dict) -> None:
     made = json.loads(config.read_text(encoding="utf-8")).get("demo") or {}
     diffs = [f"{_DEMO_OPTIONS[k]} (was {made[k]}, now {v})" for k, v in demo.items() if k in made and made[k] != v]
     if diffs:
-        raise ValueError(f"{run_dir.parent} is a demo made with other options: {', '.join(diffs)}; give those "
+        raise UsageError(f"{run_dir.parent} is a demo made with other options: {', '.join(diffs)}; give those "
                          "options again to resume it, or another --out for a new demo")
 
 
 def cmd_demo(args) -> int:
     if not args.normal and not args.diseased:
         print("medbanana demo: error: --normal 0 and --diseased 0 leave no task to run", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     summary = run_demo(args.out, n_normal=args.normal, n_diseased=args.diseased, concurrency=args.concurrency,
                        seed=args.seed, size=args.size, quiet=args.quiet, build_dataset=args.build,
                        max_rounds=args.max_rounds, accept=args.accept, geometry=args.geometry,
                        drift=args.simulator_drift or 0.0)
     print(summary.format())
     print(f"sources (synthetic phantoms and skimage's retina photograph): {Path(args.out) / 'sources'}")
-    return 0
+    return EXIT_OK
 
 
 def register(sub) -> None:

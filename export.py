@@ -6,11 +6,11 @@ a second), which every `medbanana` command would then pay just to build its pars
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-from .generation.vocabulary import old_spelling
+from .generation.vocabulary import DEFAULT_THREADS, old_spelling
+from .generation.failures import EXIT_OK, EXIT_USAGE
 
 
 def register(sub) -> None:
@@ -42,7 +42,7 @@ def register(sub) -> None:
                            help="source images for a dataset built without them (as `build --source-images`)")
     medebench.add_argument("--force", action="store_true",
                            help="write into a non-empty --out, replacing its editing/ folder")
-    threads = medebench.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+    threads = medebench.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
                                      help="threads encoding the PNGs, the export's main cost (default: one per CPU, "
                                           "at most 4)")
     old_spelling(medebench, threads, "--workers")
@@ -53,7 +53,7 @@ def register(sub) -> None:
 def run_medebench(args) -> int:
     from tqdm import tqdm
 
-    from .builder.output import BuildError
+    from .generation.dataset.output import BuildError
     from .loaders.medebench import REPORT, export_medebench
 
     bar = None
@@ -69,7 +69,7 @@ def run_medebench(args) -> int:
                                    force=args.force, workers=args.threads, progress=progress)
     except BuildError as exc:  # a refused --out: one line, as `build` says it
         print(f"medbanana export: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     finally:
         if bar is not None:
             bar.close()
@@ -79,4 +79,4 @@ def run_medebench(args) -> int:
     for reason, uids in summary.skipped.items():
         print(f"warning: skipped {len(uids):,} row(s): {reason} (e.g. {uids[0]!r}); all are listed in "
               f"{summary.folder / REPORT}", file=sys.stderr)
-    return 0
+    return EXIT_OK

@@ -20,13 +20,15 @@ from pathlib import Path
 
 import datasets
 
-from .builder.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, CONFIG_NAMES, DEFAULT_CONFIG
-from .builder.run_geometry import fill_geometry
-from .builder.run_masks import MaskFolders, Rejections, row_masks
+from .generation.dataset.configs import CONFIG_NAMES, DEFAULT_CONFIG
+from .generation.dataset.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES
+from .generation.rundir.alignment import fill_geometry
+from .generation.rundir.stored_masks import MaskFolders, Rejections, row_masks
 from .builder.rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, row_key, split_of
-from .builder.runs import discover_units, read_tasks
-from .builder.safety import Confined
-from .builder.sources import SourceIndex
+from .generation.rundir.runs import discover_units, read_tasks
+from .generation.rundir.confined import Confined
+from .generation.rundir.source_index import SourceIndex
+from .generation.failures import UsageError
 
 _DESCRIPTION = ("Instruction-based medical image edits (chest X-ray, brain MRI, fundus; add or remove a finding), "
                 "judged with a medical rubric and refined over several rounds, keeping every attempt.")
@@ -50,7 +52,7 @@ class MedBanana50k(datasets.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         if not self.config.data_dir:
-            raise ValueError("MedBanana50k needs data_dir=<run directory> (ours or released Med-Banana data)")
+            raise UsageError("MedBanana50k needs data_dir=<run directory> (ours or released Med-Banana data)")
         splits = [datasets.Split.TRAIN] + ([datasets.Split.TEST] if self.config.test_fraction > 0 else [])
         return [datasets.SplitGenerator(name=split, gen_kwargs={"split": str(split)}) for split in splits]
 

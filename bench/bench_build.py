@@ -135,7 +135,7 @@ def worker_ready() -> None:
 def scan_metadata(items) -> dict:
     """Read and pair one partition's tasks exactly as a build partition does, without images."""
     from medbanana.builder.rows import dpo_rows
-    from medbanana.builder.runs import read_tasks
+    from medbanana.generation.rundir.runs import read_tasks
     from medbanana.builder.stats import BuildStats
 
     def scan_unit(tasks: list) -> int:  # a function, as in the build: a unit's records die before the next

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from medbanana.builder.acceptance import ExpertLabel as BuildLabel
 from medbanana.builder.acceptance import expert_approval, note_judged, redecide
-from medbanana.builder.guarantee import clopper_pearson
-from medbanana.builder.review_folder import CALIBRATION
-from medbanana.builder.runs import discover_units, read_tasks
+from medbanana.generation.guarantee import clopper_pearson
+from medbanana.generation.dataset.review_folder import CALIBRATION
+from medbanana.generation.rundir.runs import discover_units, read_tasks
 from medbanana.builder.stats import BuildStats
 from medbanana.evaluation.inputs import Sample
 from medbanana.generation.acceptance import AcceptanceRule

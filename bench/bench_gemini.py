@@ -103,7 +103,7 @@ def run_one(args) -> dict:
     from medbanana.generation.backends import gemini, gemini_transport as transport# noqa: F401
     from medbanana.generation.runners.generate import BackendSpec, generate, select_tasks
     from medbanana.generation.sources.scan import Selection
-    from medbanana.generation.runners.local import RunOptions
+    from medbanana.generation.runners.session import RunOptions
     from medbanana.generation.rundir.signing import SigningCredentials
 
     imports = time.perf_counter() - imports

@@ -35,9 +35,10 @@ import numpy as np
 from PIL import Image
 
 from medbanana.cli import main
+from medbanana.generation.records import DEFAULT_MAX_ROUNDS
 from medbanana.generation.testing.fake_gemini import FakeGemini
 
-MAX_ROUNDS = 5
+MAX_ROUNDS = DEFAULT_MAX_ROUNDS
 CHEST_TARGETS = 11  # add tasks per normal chest image (the taxonomy's chest targets)
 
 

@@ -8,13 +8,24 @@ that a refactor changed no output:
 
     medbanana demo --out /tmp/demo && mv /tmp/demo /tmp/demo-before   # on the old commit
     medbanana demo --out /tmp/demo && python bench/compare_demo.py /tmp/demo-before /tmp/demo
+
+or let it run both demos, each with the `medbanana` package of one code tree on its PYTHONPATH (a folder holding
+`medbanana`, or a link of that name to a checkout), at the same path one after the other:
+
+    python bench/compare_demo.py --code /tmp/pp-main /work/wt/mine/.pp [--size 256] [--normal 2] [--diseased 1]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -81,12 +92,48 @@ def compare(a: Path, b: Path) -> list[str]:
     return problems
 
 
+def run_demos(code: list[str], work: Path, demo_args: list[str]) -> tuple[Path, Path]:
+    """`medbanana demo --out WORK/demo DEMO_ARGS` with each code tree's package, each output then moved aside."""
+    outs = []
+    for n, pythonpath in enumerate(code):
+        out, kept = work / "demo", work / f"demo-{'ab'[n]}"
+        env = {**os.environ, "PYTHONPATH": str(Path(pythonpath).resolve())}
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "medbanana.cli", "demo", "--out", str(out), "--quiet", *demo_args],
+                       env=env, check=True)
+        print(f"demo with {pythonpath}: {time.perf_counter() - started:.1f} s", flush=True)
+        shutil.move(out, kept)
+        outs.append(kept)
+    return outs[0], outs[1]
+
+
 def main() -> int:
-    a, b = (Path(p) for p in sys.argv[1:3])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="*", type=Path, help="two demo outputs to compare (without --code)")
+    parser.add_argument("--code", nargs=2, metavar="PYTHONPATH", help="run the demo with each, then compare")
+    parser.add_argument("--work", type=Path, help="where the demos are written (default: a temporary folder)")
+    for option in ("--normal", "--diseased", "--size", "--seed"):
+        parser.add_argument(option, help=f"the demo's {option} (with --code)")
+    args = parser.parse_args()
+    demo_args = [word for option in ("normal", "diseased", "size", "seed") if getattr(args, option) is not None
+                 for word in (f"--{option}", getattr(args, option))]
+    if args.code:
+        work = args.work or Path(tempfile.mkdtemp(prefix="compare-demo-"))
+        a, b = run_demos(args.code, work, demo_args)
+    elif len(args.folders) == 2:
+        a, b = args.folders
+    else:
+        parser.error("give two demo folders, or --code PYTHONPATH_A PYTHONPATH_B")
     problems = compare(a, b)
     count = sum(1 for p in a.rglob("*") if p.is_file())
     for line in problems:
         print(line)
+    rows = {}  # the built dataset's rows per config, each compared cell by cell above
+    for path in sorted(a.rglob("*.parquet")):
+        config = path.relative_to(a).parts[-2]
+        rows[config] = rows.get(config, 0) + pq.read_metadata(path).num_rows
+    if rows:
+        print("dataset rows compared: " + ", ".join(f"{config} {n}" for config, n in rows.items()))
     print(f"{count} files compared: {'identical' if not problems else f'{len(problems)} differ'} "
           "(run ids, clock stamps and durations set aside)")
     return 1 if problems else 0

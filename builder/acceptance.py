@@ -4,7 +4,7 @@ Re-deciding makes no call: each task's accepted edit becomes its first judged at
 attempts after it stay as judged attempts (`judge`, `conversations`), and a task none of whose attempts passes
 becomes failed (one stopped by an API failure stays so). With expert labels (`--reviews`, or the labels a
 POLICY.json of `medbanana calibrate` carries), the card states the share of the accepted edits an expert approves
-by prediction-powered inference (builder/guarantee.py): the judge's `qualified` on every accepted edit, rectified
+by prediction-powered inference (generation/guarantee.py): the judge's `qualified` on every accepted edit, rectified
 by the experts' labels on the labelled ones, each stratum (modality and direction) weighed by its size.
 """
 
@@ -18,9 +18,10 @@ import msgspec
 
 from ..generation.acceptance import AcceptanceRule
 from ..generation.records import as_bool, verdict_values
-from .guarantee import PPIStratum, ppi_mean
-from .review_folder import CALIBRATION, IN_TURNS, ReviewFolder
-from .runs import TaskRecord
+from ..generation.outcomes import TaskStatus
+from ..generation.guarantee import PPIStratum, ppi_mean
+from ..generation.dataset.review_folder import CALIBRATION, IN_TURNS, ReviewFolder
+from ..generation.rundir.task_records import TaskRecord
 from .stats import BuildStats
 
 MIN_STRATUM_LABELS = 2  # labels a stratum holding accepted edits needs for its error to be estimated
@@ -36,7 +37,8 @@ def redecide(task: TaskRecord, rule: AcceptanceRule) -> TaskRecord:
         copy = msgspec.structs.replace(attempt, accepted=passes)
         accepted = copy if passes else accepted
         attempts.append(copy)
-    status = "success" if accepted is not None else "api_failed" if task.status == "api_failed" else "failed"
+    status = (TaskStatus.SUCCESS if accepted is not None else TaskStatus.API_FAILED
+              if task.status == TaskStatus.API_FAILED else TaskStatus.FAILED)
     return msgspec.structs.replace(
         task, attempts=attempts, accepted=accepted, status=status,
         success_round=accepted.round if accepted is not None else None,

@@ -29,25 +29,27 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..generation.acceptance import rule_option
+from ..generation.dataset.configs import CONFIG_NAMES, REVIEW_CONFIG
+from ..generation.dataset.features import CONFIG_FEATURES
+from ..generation.dataset.folder import BUILD_INFO, CARD, FIGURE
+from ..generation.dataset.manifest import write_manifest
+from ..generation.dataset.output import BuildError, BuildLocks, move_into_place, remove_stale_staging, run_folder
 from ..generation.interrupts import children_ignore_sigint
+from ..generation.records import DEFAULT_MAX_ROUNDS
+from ..generation.rundir.confined import POLICIES, Refused
+from ..generation.rundir.runs import (discover_units, recorded_destinations, recorded_max_rounds, recorded_partial,
+                                      recorded_signing, task_keys, unit_size)
+from ..generation.rundir.source_index import SourceIndex
+from ..generation.rundir.task_records import Unit
 from .acceptance import acceptance_note, expert_approval, policy_labels, recorded_rules, review_labels
 from .card import build_info, coerced_note, md_escape, partial_note, refused_note, render_card
-from .features import CONFIG_FEATURES, CONFIG_NAMES, REVIEW_CONFIG
-from .manifest import write_manifest
-from .output import (BUILD_INFO, FIGURE, README, BuildError, BuildLocks, move_into_place, remove_stale_staging,
-                     run_folder)
 from .paper import EVAL_EXTRA, require_matplotlib, save_figure3
 from .parquet import ConfigSchema, finalize_shards
-from .partition import PartitionSpec, error_line, partition_worker, build_partition
+from .partition import PartitionSpec, build_partition, error_line, partition_worker
 from .reviews import open_reviews, reviewed_uids, write_reviews
 from .rows import IMAGE_CONFIGS
-from .runs import (Unit, discover_units, recorded_destinations, recorded_max_rounds, recorded_partial, recorded_signing,
-                   task_keys, unit_size)
-from .safety import POLICIES, Refused
-from .sources import SourceIndex
 from .stats import BuildStats
 
-DEFAULT_MAX_ROUNDS = 5
 
 
 def parse_size(text: str | int) -> int:
@@ -150,7 +152,7 @@ def build(run_dirs: Sequence[Path], out: Path, *, configs: Sequence[str] = CONFI
                                sources=sources, build_note=note, figure=figure,
                                signing=_signing(units), destinations=sent,
                                acceptance=acceptance_note(rule, policy, recorded, approval, md_escape))
-            (staging / README).write_text(card, encoding="utf-8")
+            (staging / CARD).write_text(card, encoding="utf-8")
             write_manifest(staging, final_digests)
             move_into_place(staging, out)
         except BaseException:

@@ -24,6 +24,7 @@ from ..generation.rundir import layout, schema
 from ..generation.rundir.signing import (STATUSES, check_image, provenance_differences, reading_context,
                                          require_c2pa)
 from ..generation.rundir.store import read_journal
+from ..generation.failures import UsageError
 
 # image column -> (its round's column, accepted: a value or the column holding it, its instruction's column), as
 # rows.py fills them; source_image (real scans, never signed by us) is not checked
@@ -175,7 +176,7 @@ def verify_c2pa(images, *, trust: Path | None = None, workers: int | None = None
     require_c2pa()
     trust_pem = Path(trust).read_bytes() if trust is not None else None
     if trust_pem is not None and b"-----BEGIN CERTIFICATE-----" not in trust_pem:
-        raise ValueError(f"--trust {trust}: no PEM certificate in it")
+        raise UsageError(f"--trust {trust}: no PEM certificate in it")
     report = C2paReport(trusting=trust_pem is not None)
     started = time.perf_counter()
     workers = workers or os.cpu_count() or 1

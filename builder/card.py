@@ -18,13 +18,14 @@ from collections import Counter
 from importlib import resources
 from string import Template
 
-from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
-from ..generation.rundir.schema import STATUSES
-from .features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES, DEFAULT_CONFIG
+from ..generation.dataset.configs import DEFAULT_CONFIG
+from ..generation.dataset.features import CONFIG_DESCRIPTIONS, CONFIG_FEATURES
+from ..generation.dataset.folder import BUILD_INFO
 from ..generation.masks import MASK_METHOD, RECOMPUTE
-from .run_geometry import alignment_note
-from .run_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
-from .output import BUILD_INFO
+from ..generation.outcomes import TaskStatus
+from ..generation.rundir.alignment import alignment_note
+from ..generation.rundir.provenance import IPTC_DST_PREFIX, SOURCE_TYPES
+from ..generation.rundir.stored_masks import COMPUTED, MISSING, REGION_REJECTED, REJECTED, STORED
 from .cost_note import cost_json, cost_note
 from .paper import card_section
 from .stats import UNMARKED, BuildStats
@@ -106,7 +107,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
     and expert approval (builder/acceptance.py); `destinations`: run name -> what it records of where its images
     went (runs.recorded_destinations)."""
     splits = ["train", "test"] if test_fraction > 0 else ["train"]
-    accepted, failed, api_failed = (stats.total_tasks(s) for s in STATUSES)
+    accepted, failed, api_failed = (stats.total_tasks(s) for s in TaskStatus)
     attempts = sum(stats.attempts.values())
     runs = {run for (run, _d, _m) in stats.datasets}
     summary = (f"This build holds **{stats.total_tasks():,} tasks** from {len(runs)} run(s): {accepted:,} accepted "
@@ -141,7 +142,7 @@ def render_card(stats: BuildStats, configs: list[str], present: dict[str, list[s
 
 
 def mask_note(origins: Counter, sources: dict | None) -> str:
-    """What the mask columns hold in this build (`origins`: run_masks' counts of the attempt images' edit masks by
+    """What the mask columns hold in this build (`origins`: stored_masks' counts of the attempt images' edit masks by
     where they came from), how they were computed and how to recompute them."""
     how = (f"Masks are computed by medbanana from the images, not drawn by annotators ({MASK_METHOD}); recompute "
            f"or vary them with `{RECOMPUTE}`.")  # our own constant: no data in it
@@ -206,8 +207,8 @@ def _disease_table(stats: BuildStats) -> str:
     by_disease: dict[tuple, Counter] = {}
     for (modality, direction, disease, status), n in stats.tasks.items():
         by_disease.setdefault((modality, direction, disease), Counter())[status] += n
-    return "\n".join(f"| {md_escape(m)} | {md_escape(t)} | {md_escape(d)} | {c['success']:,} | {c['failed']:,} | "
-                     f"{c['api_failed']:,} |"
+    return "\n".join(f"| {md_escape(m)} | {md_escape(t)} | {md_escape(d)} | "
+                     + "".join(f"{c[status]:,} | " for status in TaskStatus).rstrip()
                      for (m, t, d), c in sorted(by_disease.items()))
 
 

@@ -1,4 +1,5 @@
-"""Subcommands `build`, `upload` and `verify` of the `medbanana` command (the root cli.py calls `register`)."""
+"""Subcommands `build`, `upload`, `verify` and `stats` of the `medbanana` command (the root cli.py calls
+`register`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from . import CONFIG_NAMES
+from ..generation.dataset.configs import CONFIG_NAMES
 from ..generation.vocabulary import old_spelling
-from .safety import POLICIES
+from ..generation.rundir.confined import POLICIES
+from ..generation.failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 
 def register(subparsers) -> None:
@@ -104,9 +106,23 @@ def register(subparsers) -> None:
                         help="processes reading manifests (default: one per CPU)")
     verify.set_defaults(func=run_verify)
 
+    stats = subparsers.add_parser(
+        "stats", help="the paper's Table 1, Table 2 and Figure 3 from run metadata",
+        description="Regenerate from metadata alone (no images): Table 1 (per modality and direction: diseases, "
+                    "successes, failures, success rate, average rounds of successful tasks), Table 2 (pass rate "
+                    "of each rubric dimension over all judged attempts, weights, most frequent failure reasons) and "
+                    "Figure 3 (PNG, four panels; needs pip install 'medbanana[eval]'). Writes OUT/table1.{md,csv}, "
+                    "table2.{md,csv}, failure_reasons.{md,csv}, figure3.png, stats.json and report.md.")
+    stats.add_argument("inputs", nargs="+", type=Path, metavar="RUN_DIR|DATASET",
+                   help="run directories (any layout `medbanana build` reads) or built dataset folders")
+    stats.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
+    stats.set_defaults(func=run_stats)
+
+
 
 def run_build(args) -> int:
-    from .build import BuildError, build
+    from ..generation.dataset.output import BuildError
+    from .build import build
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     try:
@@ -116,7 +132,7 @@ def run_build(args) -> int:
                      reviews=args.reviews, review_reasons=args.review_reasons, accept=args.accept)
     except BuildError as exc:
         print(f"medbanana build: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if not args.quiet:
         for config, splits in info["configs"].items():
             counts = ", ".join(f"{split} {v['rows']:,} rows in {len(v['files'])} file(s)" for split, v in splits.items())
@@ -148,7 +164,7 @@ def run_build(args) -> int:
             "not true/false and were read as booleans"
         print(f"warning: {coerced['count']:,} judge value(s) of '{name}' were {what} (e.g. {read_as}); counted "
               f"under stats.coerced in {args.out / 'medbanana-build.json'}", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def _report_acceptance(acceptance: dict, quiet: bool) -> None:
@@ -194,23 +210,23 @@ def run_upload(args) -> int:
         result = upload(args.folder, args.repo_id, private=args.private, revision=args.revision)
     except (UploadError, FileNotFoundError) as exc:  # refusals and network failures arrive as one UploadError line
         print(f"medbanana upload: error: {scrub(str(exc))}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     if result.up_to_date:
         print(f"nothing to upload: {args.repo_id} is up to date (it holds the {result.files} files of {args.folder})")
-        return 0
+        return EXIT_OK
     deleted = (f", deleted {len(result.deleted)} stale file(s) of an earlier build (e.g. {result.deleted[0]})"
                if result.deleted else "")
     print(f"uploaded {args.folder} to {args.repo_id}: sent {len(result.sent)} of {result.files} file(s){deleted}: "
           f"{result.url}")
-    return 0
+    return EXIT_OK
 
 
 def run_verify(args) -> int:
-    from .manifest import verify_manifest
+    from ..generation.dataset.manifest import verify_manifest
 
     if args.folder is None and args.run is None:
         print("medbanana verify: error: give a dataset folder DIR, or --run RUN_DIR", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.c2pa or args.trust or args.run:  # a missing extra is said before any file is hashed (cli: one line)
         from ..generation.rundir.signing import require_c2pa
 
@@ -222,14 +238,14 @@ def run_verify(args) -> int:
         except (FileNotFoundError, ValueError) as exc:
             print(f"medbanana verify: error: {exc}", file=sys.stderr)
             if not (args.c2pa or args.trust):
-                return 1
+                return EXIT_FAILURE
             ok = False  # the images' signatures can still be checked
         else:
             print(report.describe())
             ok = report.ok
     if args.c2pa or args.trust or args.run:
         ok = _verify_c2pa(args) and ok
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_FAILURE
 
 
 def _verify_c2pa(args) -> bool:
@@ -250,3 +266,20 @@ def _verify_c2pa(args) -> bool:
         print(f"{label} {target}: " + report.describe())
         ok = report.ok and ok
     return ok
+
+
+def run_stats(args) -> int:
+    from ..generation.dataset.folder import FIGURE
+    from ..generation.outcomes import TaskStatus
+    from .summary import summarise, write_stats
+
+    summary = summarise(args.inputs)
+    written = write_stats(summary, args.out)
+    stats = summary.stats
+    counts = ", ".join(f"{stats.total_tasks(status):,} {status}" for status in TaskStatus)
+    print(f"{stats.total_tasks():,} tasks ({counts}), {sum(stats.attempts.values()):,} attempts")
+    if written["figure3"] == FIGURE:
+        print(f"wrote {args.out.resolve()}/report.md and {FIGURE}")
+    else:
+        print(f"wrote {args.out.resolve()}/report.md; {FIGURE} {written['figure3']}")
+    return EXIT_OK

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from ..generation.extras import require
 from ..generation.files import write_figure
+from ..generation.outcomes import TaskStatus
 from ..generation.records import RUBRIC_WEIGHTS
-from .output import FIGURE
+from ..generation.dataset.folder import FIGURE
 from .stats import BuildStats
-from .tables import Table
+from ..generation.tables import Table
 
 EVAL_EXTRA = "pip install 'medbanana[eval]'"
 TOP_REASONS = 10
@@ -46,9 +47,9 @@ def table1(stats: BuildStats) -> Table:
             round_counts[(modality, direction)] += n
 
     def row(label: tuple, counts: Counter, disease_count: int, round_sum: int, round_n: int) -> list:
-        decided = counts["success"] + counts["failed"]
-        return [*label, disease_count, counts["success"], counts["failed"], counts["api_failed"],
-                counts["success"] / decided if decided else None, round_sum / round_n if round_n else None]
+        decided = counts[TaskStatus.SUCCESS] + counts[TaskStatus.FAILED]
+        return [*label, disease_count, *(counts[status] for status in TaskStatus),
+                counts[TaskStatus.SUCCESS] / decided if decided else None, round_sum / round_n if round_n else None]
 
     for key in sorted(groups):
         table.rows.append(row(key, groups[key], len(diseases[key]), round_sums[key], round_counts[key]))
@@ -133,7 +134,8 @@ def _outcome_bars(ax, labels: list[str], counts: list[Counter], *, vertical: boo
     positions = list(range(len(labels)))
     bottom = [0] * len(labels)
     draw = ax.bar if vertical else ax.barh
-    for status, color in (("success", "#4c72b0"), ("failed", "#dd8452"), ("api_failed", "#8c8c8c")):
+    for status, color in ((TaskStatus.SUCCESS, "#4c72b0"), (TaskStatus.FAILED, "#dd8452"),
+                          (TaskStatus.API_FAILED, "#8c8c8c")):
         values = [c[status] for c in counts]
         if any(values):
             extent = {"bottom": bottom} if vertical else {"left": bottom}

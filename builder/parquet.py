@@ -18,7 +18,8 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .manifest import sha256_file
+from ..generation.dataset.folder import shard_name
+from ..generation.dataset.manifest import sha256_file
 
 ROWS_PER_GROUP = 100  # what datasets uses for image data: a few MB per group, cheap random access
 GROUP_BYTES = 16 * 2**20
@@ -148,14 +149,6 @@ def _writer_options(schema: pa.Schema, features, image_columns: tuple[str, ...])
 
 
 _PARTIAL = re.compile(r"^(?P<split>[^/]+)-p(?P<part>\d+)-(?P<index>\d+)\.parquet\.partial$")
-# a finished shard's name (the Hub's), as `finalize_shards` gives it: `<split>-0000i-of-0000n.parquet`
-SHARD_NAME = re.compile(r"(?P<split>[^/]+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.parquet")
-
-
-def shard_name(split: str, index: int, count: int) -> str:
-    return f"{split}-{index:05d}-of-{count:05d}.parquet"
-
-
 def finalize_shards(config_dir: Path) -> dict[str, list[tuple[Path, Path]]]:
     """Rename every partial shard of a config folder to `<split>-0000i-of-0000n.parquet`, partition order kept.
     Returns split -> [(partial path, final path)]."""

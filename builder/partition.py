@@ -18,11 +18,12 @@ from ..generation.acceptance import AcceptanceRule
 from .acceptance import note_judged, redecide
 from .parquet import ConfigSchema, ShardedParquetWriter
 from .rows import IMAGE_CONFIGS, MASK_CONFIGS, ROW_ITERATORS, load_images, split_of
-from .run_geometry import fill_geometry
-from .run_masks import MaskFolders, Rejections, row_masks
-from .runs import Unit, read_tasks
-from .safety import Confined, Refused
-from .sources import SourceIndex
+from ..generation.rundir.alignment import fill_geometry
+from ..generation.rundir.stored_masks import MaskFolders, Rejections, row_masks
+from ..generation.rundir.runs import read_tasks
+from ..generation.rundir.task_records import Unit
+from ..generation.rundir.confined import Confined, Refused
+from ..generation.rundir.source_index import SourceIndex
 from .stats import BuildStats
 
 _PROGRESS_EVERY = 25
@@ -40,7 +41,7 @@ class PartitionSpec:
     max_shard_bytes: int
     schemas: dict[str, ConfigSchema]  # config -> its parquet schema, made by the parent from CONFIG_FEATURES
     source_images: Path | None
-    unsafe: str = "error"  # safety.POLICIES
+    unsafe: str = "error"  # confined.POLICIES
     review_uids: frozenset[str] = frozenset()  # `build --reviews`: tasks reviewed, noted when built
     accept: str | None = None  # `build --accept`: the rule re-deciding every task's recorded verdicts
     labelled: frozenset[str] = frozenset()  # attempts (<uid>#<round>) with expert labels: noted for the card
@@ -86,7 +87,7 @@ def _write_partition(spec: PartitionSpec, progress: Callable[[int], None], hashe
     writers = ShardWriters(spec.folder, spec.part, spec.schemas, spec.max_shard_bytes, hasher, stats)
     sources = SourceIndex(spec.source_images) if spec.source_images else None
     refused = stats.add_refusal if spec.unsafe == "skip" else None
-    confined = Confined()  # folders resolved once for the partition (see safety.Confined)
+    confined = Confined()  # folders resolved once for the partition (see confined.Confined)
     folders = MaskFolders(skip=spec.unsafe == "skip")  # each run's masks folder, checked once for the partition
     rule = AcceptanceRule.parse(spec.accept) if spec.accept is not None else None
     for unit, block, blocks in spec.items:
@@ -107,7 +108,7 @@ def _decided(tasks: list, rule: AcceptanceRule | None) -> list:
 def _inputs_ahead(tasks: list, readers: ThreadPoolExecutor, sources: SourceIndex | None,
                   confined: tuple[Confined, MaskFolders], skip: bool, with_masks: bool):
     """(task, its images, its source image, its masks, where its edit masks came from, the stored masks rejected on
-    read (run_masks.Rejections), where its alignment came from) in order, reading (and with `with_masks` reading or
+    read (stored_masks.Rejections), where its alignment came from) in order, reading (and with `with_masks` reading or
     computing the masks and measuring the alignment of) the next _READ_AHEAD tasks in threads meanwhile: with a cold
     cache one read at a time leaves the disk idle between files (reads, and numpy and scipy's work on the masks,
     release the GIL). With `skip`, a task whose input is refused comes as (task, the Refused, None, None, None, None,

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from . import REVIEW_CONFIG
-from .features import CONFIG_FEATURES
-from .output import BuildError
+from ..generation.dataset.configs import REVIEW_CONFIG
+from ..generation.dataset.features import CONFIG_FEATURES
+from ..generation.dataset.output import BuildError
 from .parquet import ConfigSchema
 from .partition import ShardWriters
-from .review_folder import ReviewFolder
+from ..generation.dataset.review_folder import ReviewFolder
 from .rows import split_of
 from .stats import BuildStats
 

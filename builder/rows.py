@@ -3,22 +3,21 @@
 Both the parquet build (`builder.build`) and the loading builder (`medbanana_50k.py`) call `ROW_ITERATORS`.
 Images are `{"bytes": <the file's bytes as they are>, "path": <path relative to the run>}` or None (missing);
 masks (`edit_mask`, `region_mask`) come computed per task (`masks.task_masks`), or None without a source; the
-alignment columns from each attempt's geometry (run_geometry.py).
+alignment columns from each attempt's geometry (rundir/alignment.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..generation.records import verdict_values
-from ..generation.taxonomy import load_taxonomy
-from .run_geometry import alignment_columns
-from .runs import AttemptRecord, TaskRecord
-from .safety import Confined
+from ..generation.taxonomy import canonical_prompt
+from ..generation.rundir.alignment import alignment_columns
+from ..generation.rundir.task_records import AttemptRecord, TaskRecord
+from ..generation.rundir.confined import Confined
 
 if TYPE_CHECKING:
     from ..generation.records import TaskMasks
@@ -30,7 +29,7 @@ def load_images(task: TaskRecord, confined: Confined | None = None) -> Images:
     """Every attempt image of a task, read once, as stored on disk (no decoding).
 
     Each is read only from inside the folder the user named (the run, or `task.scope`) and only when it is a JPEG
-    or PNG image; otherwise `safety.Refused` is raised naming the file and the entry that named it. `confined`
+    or PNG image; otherwise `confined.Refused` is raised naming the file and the entry that named it. `confined`
     shares resolved folders between tasks."""
     confined = confined or Confined()
     images: Images = {}
@@ -51,17 +50,6 @@ def split_of(source_id: str, test_fraction: float) -> str:
         return "train"
     digest = hashlib.sha256(source_id.encode("utf-8")).digest()
     return "test" if int.from_bytes(digest[:8], "big") / 2**64 < test_fraction else "train"
-
-
-def canonical_prompt(task: TaskRecord) -> str:
-    """The task in one sentence, e.g. "Add a pleural effusion to this chest X-ray."."""
-    return canonical_instruction(task.disease, task.modality, task.direction)
-
-
-@lru_cache(maxsize=1024)
-def canonical_instruction(disease: str, modality: str | None, direction: str) -> str:
-    """`canonical_prompt` from the task's fields (a row's, for readers of a built dataset)."""
-    return load_taxonomy().task_sentence(disease, modality, direction)
 
 
 def identity(task: TaskRecord) -> dict:

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..generation.costs import ROLES, tokens_of
-from ..generation.records import FALSE_WORDS, TRUE_WORDS, as_bool, as_score
+from ..generation.records import FALSE_WORDS, TRUE_WORDS, VERDICT_BOOLEANS, as_bool, as_score
+from ..generation.outcomes import TaskStatus
 from ..generation.rundir.provenance import read_mark
 from .reasons import count_phrases
-from .runs import TaskRecord
-from .sources import looked_for
+from ..generation.rundir.task_records import TaskRecord
+from ..generation.rundir.source_index import looked_for
 
 DIMENSIONS = ("compliance", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
-# the judge's boolean fields in the order of a `verdicts` key (after its is-add flag)
-VERDICT_BOOLEANS = ("has_disease", "structure_reasonable", "looks_realistic", "fidelity_preserved", "qualified")
+# a `verdicts` key: its is-add flag, then the judge's booleans in the order of records.VERDICT_BOOLEANS
 COERCED_EXAMPLES = 5
 MISSING_EXAMPLES = 20
 TOP_REASONS_JSON = 50
@@ -59,25 +59,25 @@ class BuildStats:
     sources_attached: int = 0  # tasks whose source image --source-images had (only counted when given)
     sources_missing: int = 0
     source_missing_examples: list = field(default_factory=list)  # what was looked for, in words
-    mask_origins: Counter = field(default_factory=Counter)  # run_masks.STORED/COMPUTED/MISSING -> attempt images
+    mask_origins: Counter = field(default_factory=Counter)  # stored_masks.STORED/COMPUTED/MISSING -> attempt images
     # and REJECTED / REGION_REJECTED: stored masks refused on read (then computed or missing), by kind and listed
     mask_rejections: Counter = field(default_factory=Counter)
     mask_rejection_examples: list = field(default_factory=list)
-    alignment: Counter = field(default_factory=Counter)  # (run_geometry origin, what was found) -> attempt images
+    alignment: Counter = field(default_factory=Counter)  # (alignment origin, what was found) -> attempt images
     # inputs refused and left out under `--unsafe skip` (under `error` the first one stops the build)
-    refused: Counter = field(default_factory=Counter)  # kind (safety.OUTSIDE, ...) -> refusals
+    refused: Counter = field(default_factory=Counter)  # kind (confined.OUTSIDE, ...) -> refusals
     refusals: list = field(default_factory=list)  # every refusal's message: the file, who named it, why
     refused_tasks: int = 0  # tasks left out (a refused folder or JSON file leaves out what it held, uncounted)
     tokens: Counter = field(default_factory=Counter)  # (role, model, "steps" | "input" | "output") -> count
 
     def add_refusal(self, exc, task_left_out: bool = True) -> None:
-        """Record a `safety.Refused` whose input is left out."""
+        """Record a `confined.Refused` whose input is left out."""
         self.refused[exc.kind] += 1
         self.refusals.append(str(exc))
         self.refused_tasks += task_left_out
 
     def add_mask_origins(self, origins: Counter, rejections) -> None:
-        """A task's mask counts (run_masks.row_masks) and its rejected stored masks (a run_masks.Rejections)."""
+        """A task's mask counts (stored_masks.row_masks) and its rejected stored masks (a stored_masks.Rejections)."""
         self.mask_origins.update(origins)
         if rejections is not None and rejections.items:
             self.mask_rejections.update(rejections.kinds)
@@ -93,7 +93,7 @@ class BuildStats:
             self.success_rounds[(modality, task.direction, task.success_round)] += 1
             if task.success_round == 1:
                 self.no_pair["accepted at round 1"] += 1
-        elif task.status == "api_failed":
+        elif task.status == TaskStatus.API_FAILED:
             self.no_pair["stopped by an API failure"] += 1
         else:
             self.no_pair["never accepted"] += 1

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..generation.outcomes import TaskStatus
+from ..generation.records import DEFAULT_MAX_ROUNDS
 from ..generation.rundir import layout
 from ..generation.taxonomy import load_taxonomy
 
@@ -50,18 +52,18 @@ def _text(rng: np.random.Generator, words: int) -> str:
     return " ".join(_WORDS[i] for i in rng.integers(len(_WORDS), size=max(1, words)))
 
 
-def _outcome(rng: np.random.Generator, max_rounds: int) -> tuple[str, int]:
+def _outcome(rng: np.random.Generator, max_rounds: int) -> tuple[TaskStatus, int]:
     """(status, number of rounds)."""
     if rng.random() < 0.43:
-        return "failed", max_rounds
+        return TaskStatus.FAILED, max_rounds
     r = rng.random()
     k = 1 if r < 0.58 else 2 if r < 0.83 else int(rng.integers(3, max_rounds + 1))
-    return "success", min(k, max_rounds)
+    return TaskStatus.SUCCESS, min(k, max_rounds)
 
 
 def make_synthetic_run(run_dir: Path, *, flavor: str = "original", tasks_per_folder: int = 8,
                        datasets: tuple[str, ...] = DEFAULT_DATASETS, api_failed_per_folder: int = 1,
-                       max_rounds: int = 5, image_size: int = 32, distinct_images: int | None = None,
+                       max_rounds: int = DEFAULT_MAX_ROUNDS, image_size: int = 32, distinct_images: int | None = None,
                        text_words: int = 12, sources_dir: Path | None = None, write_images: bool = True,
                        seed: int = 0) -> dict:
     """Write a run directory; returns {"attempts", "image_bytes", "tasks"} of what was written.
@@ -97,14 +99,14 @@ def make_synthetic_run(run_dir: Path, *, flavor: str = "original", tasks_per_fol
                         path.write_bytes(images.next())
                     source_sha = hashlib.sha256(path.read_bytes()).hexdigest()
                 if i >= tasks_per_folder:  # api_failed: only in progress.json and api_failures.json
-                    progress[key] = "api_failed"
+                    progress[key] = TaskStatus.API_FAILED
                     api_failures.append({"task": key, "step": "edit_image", "round": 1, "disease": disease,
                                          "error": "503 UNAVAILABLE: The model is overloaded.", "image": f"{stem}.jpeg"})
                     continue
                 status, k = _outcome(rng, max_rounds)
                 rounds = []
                 for number in range(1, k + 1):
-                    accepted = status == "success" and number == k
+                    accepted = status == TaskStatus.SUCCESS and number == k
                     refused = flavor == "ours" and not accepted and i % 5 == 3 and number == 1
                     rel = layout.attempt_image_relpath(dataset, direction, stem, disease, number, accepted)
                     if not refused and write_images:
@@ -116,14 +118,14 @@ def make_synthetic_run(run_dir: Path, *, flavor: str = "original", tasks_per_fol
                     rounds.append(_round_json(rng, flavor, number, accepted, refused, direction, rel, text_words))
                 written["tasks"] += 1
                 final_rel = rounds[-1].get("image") or layout.attempt_image_relpath(
-                    dataset, direction, stem, disease, k, status == "success")
+                    dataset, direction, stem, disease, k, status == TaskStatus.SUCCESS)
                 entry = {"image": f"{stem}.jpeg", "disease": disease, "status": status, "rounds": rounds,
                          "final_prompt": rounds[-1]["generate_prompt"]["prompt"],
                          "final_image_path": f"/home/someone/Med-Banana/output/{final_rel}"}
                 if flavor == "ours":
                     entry.update({"uid": f"{dataset}/{direction}/{key}", "dataset": dataset, "modality": modality,
                                   "task": direction, "source_id": stem, "source_path": source_rel,
-                                  "source_sha256": source_sha, "success_round": k if status == "success" else None,
+                                  "source_sha256": source_sha, "success_round": k if status == TaskStatus.SUCCESS else None,
                                   "final_image": final_rel, "seed": int(rng.integers(2**31)),
                                   "models": {"writer": "template-writer", "editor": "simulated-editor",
                                              "judge": "pixel-judge"}})
@@ -131,7 +133,7 @@ def make_synthetic_run(run_dir: Path, *, flavor: str = "original", tasks_per_fol
                 progress[key] = status
                 final_prompts[key] = {"image": entry["image"], "disease": disease, "status": status,
                                       "final_prompt": entry["final_prompt"], "rounds": k}
-                if status == "failed":
+                if status == TaskStatus.FAILED:
                     failed_summary.append({"task": key, "image": entry["image"], "disease": disease,
                                            "final_prompt": entry["final_prompt"], "rounds": k,
                                            "last_verification": rounds[-1]["verification"],

@@ -30,19 +30,19 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..generation.dataset.configs import PUBLISHED_CONFIGS
+from ..generation.dataset.folder import BUILD_INFO, CARD
+from ..generation.dataset.hub import unreachable
+from ..generation.dataset.manifest import MANIFEST, read_manifest, sha256_file, verify_manifest
+from ..generation.dataset.output import OWN_FILES
 from ..generation.secrets import hold, scrub
-from . import PUBLISHED_CONFIGS
-from .manifest import MANIFEST, read_manifest, sha256_file, verify_manifest
-from .output import BUILD_INFO, OWN_FILES, README
 
 # Written last, in one commit: they name the data files, so they must never point at files not yet there.
-CARD_FILES = (README, BUILD_INFO, MANIFEST)
+CARD_FILES = (CARD, BUILD_INFO, MANIFEST)
 # Root files the build writes: a remote one the build no longer has is stale.
 _BUILD_ROOT_FILES = OWN_FILES
 _RESUME = "; the published dataset is unchanged until the one commit lands: run the same command again to resume"
 
-# Exception modules of the HTTP stacks huggingface_hub may use: their errors mean the endpoint was not reached.
-_NETWORK_MODULES = {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3", "ssl", "socket"}
 _CHECK = {401: "that HF_TOKEN (or `hf auth login`) holds a valid token",
           403: "that the token may write to {repo} (a write token, the organisation's permissions)",
           404: "the repository id and HF_ENDPOINT"}
@@ -179,12 +179,6 @@ def hub_failure(exc: BaseException, step: str, endpoint: str, repo_id: str) -> U
         return UploadError(_one_line(f"{step} failed: {endpoint} gave an answer huggingface_hub cannot read "
                                      f"({type(exc).__name__}: {exc}); check that HF_ENDPOINT is a Hugging Face Hub"))
     return None
-
-
-def unreachable(exc: BaseException) -> bool:
-    """Whether `exc` says the endpoint was not reached (refused, unresolved, timed out), whatever HTTP stack
-    huggingface_hub used."""
-    return isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.split(".")[0] in _NETWORK_MODULES
 
 
 def _raised_in_huggingface_hub(exc: BaseException) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from medbanana.generation.extras import MissingExtra, install_hint, require
+from ..generation.failures import NotFound, UsageError
 
 TRAIN_HINT = install_hint("train")
 
@@ -82,7 +83,7 @@ def load_examples(args: ScriptArguments, converter: Callable, *, drop_missing: M
     if args.max_samples is not None:
         ds = ds.select(range(min(args.max_samples, len(ds))))
     if len(ds) == 0:
-        raise ValueError(f"no rows to train on in {args.dataset_name} ({args.dataset_config}, "
+        raise UsageError(f"no rows to train on in {args.dataset_name} ({args.dataset_config}, "
                          f"{args.dataset_train_split})")
     return convert(ds, converter, max_side=args.max_image_side, **kwargs), left_out
 
@@ -107,7 +108,7 @@ def model_location(name_or_path: str, output_dir: str | Path, save_tiny: Callabl
     if local.is_dir():
         return str(local)
     if written_as_path(name_or_path) or local.exists():
-        raise FileNotFoundError(f"no model folder at {name_or_path} ({local.resolve()}): give a folder written "
+        raise NotFound(f"no model folder at {name_or_path} ({local.resolve()}): give a folder written "
                                 "by save_pretrained, or a Hub model id such as Qwen/Qwen2.5-VL-3B-Instruct")
     return name_or_path
 
@@ -143,7 +144,7 @@ def check_sequence_lengths(dataset, collator, max_length: int | None, text_colum
         batch = collator([dataset[index]])
         longest = max(longest, int(batch["attention_mask"].sum(dim=1).max()))
     if max_length is not None and longest > max_length:
-        raise ValueError(f"an example is {longest} tokens long (images included) but max_length is {max_length}: "
+        raise UsageError(f"an example is {longest} tokens long (images included) but max_length is {max_length}: "
                          "truncation would cut image tokens or the answer; raise --max_length to at least "
                          f"{longest}, or lower --max_image_side")
     return longest

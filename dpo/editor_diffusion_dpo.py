@@ -35,6 +35,7 @@ from pathlib import Path
 from medbanana.dpo.common import (ScriptArguments, help_text, load_examples, model_location, require_training_stack,
                                   run_recipe, setup_errors)
 from medbanana.loaders.trl import to_diffusion_dpo
+from ..generation.failures import NotFound, UsageError
 
 # pairs that cannot be trained on, and why their column is null
 UNUSABLE = {"rejected_image": "the editor refused the rejected instruction and made no image",
@@ -83,7 +84,7 @@ def load_editor(location: str, args: DiffusionDPOArguments, **components):
                              trust_remote_code=args.trust_remote_code, **components)
     in_channels = getattr(getattr(pipeline, "unet", None), "config", {}).get("in_channels")
     if type(pipeline).__name__ != "StableDiffusionInstructPix2PixPipeline" or in_channels != 8:
-        raise ValueError(f"{args.model_name_or_path} is a {type(pipeline).__name__} whose UNet takes {in_channels} "
+        raise UsageError(f"{args.model_name_or_path} is a {type(pipeline).__name__} whose UNet takes {in_channels} "
                          "input channels: this recipe trains a StableDiffusionInstructPix2PixPipeline (8 channels: "
                          "noisy latents and source latents), e.g. timbrooks/instruct-pix2pix")
     return pipeline
@@ -211,7 +212,7 @@ def _resume(args, accelerator, batches_per_epoch: int) -> tuple[int, int]:
     if args.resume_from_checkpoint == "latest":
         found = sorted(Path(args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
         if not found:
-            raise FileNotFoundError(f"no checkpoint-N folder in {args.output_dir} to resume from")
+            raise NotFound(f"no checkpoint-N folder in {args.output_dir} to resume from")
         path = found[-1]
     accelerator.load_state(str(path))
     step = int(path.name.split("-")[1])

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from medbanana.dpo.common import (ScriptArguments, check_sequence_lengths, load_examples, load_vlm, model_location,
                                   run_recipe, train_and_save, trl_parser)
 from medbanana.loaders.trl import to_judge_sft
+from ..generation.failures import UsageError
 
 TEXT_COLUMNS = ("prompt", "completion")
 # Configs that hold one outcome only: a judge trained on them learns to give that outcome whatever it sees.
@@ -54,7 +55,7 @@ def build_trainer(script_args: JudgeScriptArguments, training_args, model_args):
     from medbanana.dpo.tiny import dataset_texts, save_tiny_vlm
 
     if script_args.dataset_config in ONE_SIDED:
-        raise ValueError(f"--dataset_config {script_args.dataset_config} holds "
+        raise UsageError(f"--dataset_config {script_args.dataset_config} holds "
                          f"{ONE_SIDED[script_args.dataset_config]}; train the judge on --dataset_config judge "
                          "(every judged attempt, accepted and rejected)")
     # an attempt whose image file went missing has nothing to judge: leave it out rather than fail

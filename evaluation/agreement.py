@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import io
 import json
 import random
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from ..builder.tables import Table
 from ..generation.files import atomic_write_text
+from ..generation.tables import Table
 from ..generation.records import VERDICT_BOOLEANS, as_bool, strict_bool
 from .inputs import Sample, image_bytes
 from .judging import judge_once, labels
+from ..generation.failures import UsageError
+from ..generation.files import read_user_text
 
 DIMENSIONS = VERDICT_BOOLEANS
 
@@ -82,20 +85,20 @@ def human_agreement(judge: dict[str, dict], human: dict[str, dict]) -> dict:
 
 
 def read_human_labels(path: Path) -> dict[str, dict[str, bool | None]]:
-    with Path(path).open(newline="", encoding="utf-8-sig") as fh:
+    with io.StringIO(read_user_text(path), newline="") as fh:
         reader = csv.DictReader(fh)
         fields = set(reader.fieldnames or ())
         if "qualified" not in fields or not ({"id"} <= fields or {"uid", "round"} <= fields):
-            raise ValueError(f"{path}: needs a qualified column and an id column (or uid and round); "
+            raise UsageError(f"{path}: needs a qualified column and an id column (or uid and round); "
                              f"found {', '.join(sorted(fields)) or 'no header'}")
         labels_by_id = {}
         for line_no, row in enumerate(reader, start=2):
             edit = row["id"] if row.get("id") else f"{row['uid']}#{row['round']}"
             if edit in labels_by_id:
-                raise ValueError(f"{path}:{line_no}: edit {edit!r} is labelled twice")
+                raise UsageError(f"{path}:{line_no}: edit {edit!r} is labelled twice")
             labels_by_id[edit] = {d: _boolean(row.get(d), f"{path}:{line_no} {d}") for d in DIMENSIONS}
             if labels_by_id[edit]["qualified"] is None:
-                raise ValueError(f"{path}:{line_no}: qualified is empty")
+                raise UsageError(f"{path}:{line_no}: qualified is empty")
     return labels_by_id
 
 
@@ -105,7 +108,7 @@ def _boolean(value: str | None, where: str) -> bool | None:
     try:
         return strict_bool(value)
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise UsageError(f"{where}: {exc}") from None
 
 
 def recorded_labels(sample: Sample) -> dict[str, bool | None] | None:
@@ -165,9 +168,9 @@ def run_agreement(make_samples: Callable[[], Iterator[Sample]], out: Path, *, ju
                   settings: dict | None = None) -> dict:
     """Repeat consistency (repeats >= 2, needs `judge`) and/or agreement with `human_csv`; results in `out`."""
     if repeats < 2 and human_csv is None:
-        raise ValueError("nothing to measure: give --repeats K (K >= 2) and/or --human CSV")
+        raise UsageError("nothing to measure: give --repeats K (K >= 2) and/or --human CSV")
     if repeats >= 2 and judge is None:
-        raise ValueError("repeat consistency needs a judge backend")
+        raise UsageError("repeat consistency needs a judge backend")
     human = read_human_labels(human_csv) if human_csv else None
     chosen = select_ids(make_samples, wanted=set(human) if human else None, limit=limit, seed=seed)
     results = asyncio.run(collect(make_samples(), chosen, judge, repeats, concurrency))

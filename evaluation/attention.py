@@ -26,6 +26,7 @@ from ..generation.records import task_uid
 from ..generation.rundir import layout
 from .evaluate import roi_mask
 from .inputs import Sample, read_image, sample_id
+from ..generation.failures import UsageError
 
 GENERATION_ROI = "region_at_generation"  # a run without recorded masks: the IoU it measured, against the region
 
@@ -143,23 +144,23 @@ def recorded_mask(text, size: tuple[int, int]) -> np.ndarray:
     from PIL import Image
 
     if not isinstance(text, str):
-        raise ValueError(f"a JSON {type(text).__name__}, not base64 text")
+        raise UsageError(f"a JSON {type(text).__name__}, not base64 text")
     if len(text) > 4 * max_mask_bytes(size) // 3 + 4:
-        raise ValueError(f"{len(text):,} characters, more than a mask of {size[0]}x{size[1]} takes")
+        raise UsageError(f"{len(text):,} characters, more than a mask of {size[0]}x{size[1]} takes")
     try:
         data = base64.b64decode(text, validate=True)
     except ValueError as exc:
-        raise ValueError(f"not base64 ({exc})") from None
+        raise UsageError(f"not base64 ({exc})") from None
     if not data.startswith(PNG_MAGIC):
-        raise ValueError("not a PNG")
+        raise UsageError("not a PNG")
     try:
         with Image.open(io.BytesIO(data), formats=["PNG"]) as image:
             if image.size[0] * image.size[1] > MAX_MASK_PIXELS or image.size != tuple(size):
-                raise ValueError(f"{image.size[0]}x{image.size[1]}, not the source's {size[0]}x{size[1]}")
+                raise UsageError(f"{image.size[0]}x{image.size[1]}, not the source's {size[0]}x{size[1]}")
             image.load()
             return np.asarray(image.convert("L")) > 127
     except (OSError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"does not decode ({exc.__class__.__name__}: {exc})") from None
+        raise UsageError(f"does not decode ({exc.__class__.__name__}: {exc})") from None
 
 
 def attention_report(samples: Iterable[Sample], run_dirs: Iterable[Path], roi: str = "auto") -> dict:

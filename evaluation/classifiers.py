@@ -32,6 +32,7 @@ from PIL import Image
 from ..generation.backends.diffusers_editor import hub_offline
 from ..generation.extras import require
 from ..generation.taxonomy import load_taxonomy
+from ..generation.failures import NotFound, UsageError
 
 XRV_TO_TAXONOMY = {
     "Atelectasis": "Atelectasis", "Cardiomegaly": "Cardiomegaly", "Consolidation": "Consolidation",
@@ -69,10 +70,10 @@ def load_classifier(spec: str, weights_file: Path | None = None) -> Classifier:
     if spec.startswith("torchxrayvision:"):
         return _torchxrayvision(spec, spec.split(":", 1)[1], weights_file)
     if weights_file is not None:
-        raise ValueError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS (a checkpoint folder "
+        raise UsageError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS (a checkpoint folder "
                          "holds its own weights)")
     if Path(spec).exists() and not (Path(spec) / "config.json").is_file():
-        raise ValueError(f"--classifier {spec}: no config.json there (expected a transformers image-classification "
+        raise UsageError(f"--classifier {spec}: no config.json there (expected a transformers image-classification "
                          "checkpoint folder, or torchxrayvision:WEIGHTS)")
     return transformers_classifier(spec)
 
@@ -88,18 +89,18 @@ def xrv_weights_path(weights: str) -> tuple[Path, str]:
 
 def _torchxrayvision(spec: str, weights: str, weights_file: Path | None) -> Classifier:
     if not weights:
-        raise ValueError("--classifier torchxrayvision:WEIGHTS needs the weights' name, e.g. "
+        raise UsageError("--classifier torchxrayvision:WEIGHTS needs the weights' name, e.g. "
                          "torchxrayvision:densenet121-res224-all")
     xrv = require("torchxrayvision", needed_for="--classifier torchxrayvision:...", extra="probes-xray")
     if weights not in xrv.models.model_urls:
-        raise ValueError(f"--classifier {spec}: unknown torchxrayvision weights; one of "
+        raise UsageError(f"--classifier {spec}: unknown torchxrayvision weights; one of "
                          f"{', '.join(sorted(xrv.models.model_urls))}")
     expected, url = xrv_weights_path(weights)
     kind = xrv.models.ResNet if weights.startswith("resnet") else xrv.models.DenseNet  # "all" = densenet
     with tempfile.TemporaryDirectory(prefix="medbanana-xrv-") as scratch:
         if weights_file is not None:  # torchxrayvision reads CACHE_DIR/<release name>: a link of that name to it
             if not Path(weights_file).is_file():
-                raise FileNotFoundError(f"--classifier-weights {weights_file}: no such file")
+                raise NotFound(f"--classifier-weights {weights_file}: no such file")
             expected = Path(scratch) / expected.name
             expected.symlink_to(Path(weights_file).resolve())
         elif not expected.is_file():
@@ -107,7 +108,7 @@ def _torchxrayvision(spec: str, weights: str, weights_file: Path | None) -> Clas
         try:
             model = kind(weights=weights, cache_dir=str(expected.parent))
         except Exception as exc:  # noqa: BLE001 — a corrupt or foreign file: one line, not a trace
-            raise RuntimeError(f"--classifier {spec}: could not load the weights file "
+            raise UsageError(f"--classifier {spec}: could not load the weights file "
                                f"{weights_file or expected} ({type(exc).__name__}: {exc})") from exc
     return xrv_classifier(model, name=spec)
 
@@ -118,7 +119,7 @@ def _fetch(url: str, target: Path, spec: str) -> None:
     hint = (f"--classifier {spec}: weights file {target} not found; on a machine with internet access download "
             f"{url} and copy it there, or pass it with --classifier-weights FILE")
     if hub_offline():
-        raise FileNotFoundError(hint + " (HF_HUB_OFFLINE is set: nothing downloaded)")
+        raise NotFound(hint + " (HF_HUB_OFFLINE is set: nothing downloaded)")
     partial = target.with_name(target.name + ".part")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +129,7 @@ def _fetch(url: str, target: Path, spec: str) -> None:
         os.replace(partial, target)
     except OSError as exc:  # no network, a refused or timed-out connection, a read-only cache folder
         partial.unlink(missing_ok=True)
-        raise FileNotFoundError(f"{hint} (download failed: {type(exc).__name__}: {exc})") from None
+        raise NotFound(f"{hint} (download failed: {type(exc).__name__}: {exc})") from None
 
 
 def xrv_classifier(model, *, name: str = "torchxrayvision") -> Classifier:
@@ -178,11 +179,11 @@ def transformers_classifier(path_or_id: str) -> Classifier:
         where = ("HF_HUB_OFFLINE is set: only the local Hugging Face cache was searched" if hub_offline() else
                  "it could not be downloaded either")
         first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise RuntimeError(f"--classifier {path_or_id}: not a checkpoint folder or a Hub id present locally ({where}; "
+        raise UsageError(f"--classifier {path_or_id}: not a checkpoint folder or a Hub id present locally ({where}; "
                            f"fetch it on a connected machine with `hf download {path_or_id}`): {first_line}") from None
     id2label = {int(k): v for k, v in (getattr(config, "id2label", None) or {}).items()}
     if not id2label:
-        raise ValueError(f"--classifier {path_or_id}: its config has no id2label mapping")
+        raise UsageError(f"--classifier {path_or_id}: its config has no id2label mapping")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForImageClassification.from_pretrained(path_or_id, local_files_only=offline).to(device).eval()
     try:

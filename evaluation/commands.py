@@ -1,4 +1,4 @@
-"""Subcommands `eval`, `judge-agreement` and `stats` of the `medbanana` command (cli.py calls `register`)."""
+"""Subcommands `eval` and `judge-agreement` of the `medbanana` command (cli.py calls `register`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ..generation.files import atomic_write_text
 from ..generation.rundir.lock import hold_lock
 from .failures import eval_exit_code, first_time
 from .sent import check_judge_destination
+from ..generation.failures import EXIT_OK, EXIT_USAGE, UsageError
 
 INPUT_HELP = ("an evaluation folder (samples.jsonl or samples.csv; see evaluation/inputs.py), a folder made by "
               "`medbanana build`, or a run directory")
@@ -77,18 +78,6 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
     _add_judge_options(p, default="simulator", allow_none=False, temperature=0.7)
     p.set_defaults(func=run_judge_agreement)
-
-    p = subparsers.add_parser(
-        "stats", help="the paper's Table 1, Table 2 and Figure 3 from run metadata",
-        description="Regenerate from metadata alone (no images): Table 1 (per modality and direction: diseases, "
-                    "successes, failures, success rate, average rounds of successful tasks), Table 2 (pass rate "
-                    "of each rubric dimension over all judged attempts, weights, most frequent failure reasons) and "
-                    "Figure 3 (PNG, four panels; needs pip install 'medbanana[eval]'). Writes OUT/table1.{md,csv}, "
-                    "table2.{md,csv}, failure_reasons.{md,csv}, figure3.png, stats.json and report.md.")
-    p.add_argument("inputs", nargs="+", type=Path, metavar="RUN_DIR|DATASET",
-                   help="run directories (any layout `medbanana build` reads) or built dataset folders")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
-    p.set_defaults(func=run_stats)
 
 
 def _add_input_options(p, default_config: str = "sft") -> None:
@@ -161,7 +150,8 @@ def _judge(args, cache_dir: Path | None):
 
 
 def _samples(args, attempts: str):
-    from .inputs import input_kind, open_samples
+    from ..generation.dataset.inputs import input_kind
+    from .inputs import open_samples
 
     config = args.config or (args.default_config if input_kind(args.input) == "dataset" else None)
     return lambda: open_samples(args.input, config=config, split=args.split, edits=getattr(args, "edits", None),
@@ -169,10 +159,11 @@ def _samples(args, attempts: str):
 
 
 def run_eval(args) -> int:
-    from .inputs import input_kind, sources_notice
+    from ..generation.dataset.inputs import input_kind
+    from .inputs import sources_notice
 
     if args.source_images is None and input_kind(args.input) == "run":  # a run holds no sources to score with
-        raise ValueError(sources_notice(args.input))
+        raise UsageError(sources_notice(args.input))
     check_judge_destination(args)  # before anything is read or sent (generation/destinations.py's gate)
     attempts = "all" if args.all_attempts else "accepted"
     make_samples = _samples(args, attempts)
@@ -183,7 +174,7 @@ def run_eval(args) -> int:
         probes = _probe_prerequisites(args)
     except ImportError as exc:
         print(f"medbanana eval: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     with hold_lock(args.out, "evaluation folder"):  # one writer: two evals would both append to samples.jsonl
         code = _evaluate_into_out(args, samples, attempts)
         if args.separability or args.classifier:
@@ -195,21 +186,21 @@ def _probe_prerequisites(args) -> tuple:
     """(classifier, embedder): dependencies checked and models loaded before any sample is scored."""
     classifier = embedder = None
     if args.probe_features and not args.separability:
-        raise ValueError("--probe-features applies to --separability")
+        raise UsageError("--probe-features applies to --separability")
     if args.classifier_weights and not args.classifier:
-        raise ValueError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS")
+        raise UsageError("--classifier-weights applies to --classifier torchxrayvision:WEIGHTS")
     if args.separability:
         if args.probe_size < 32 or not 1 <= args.probe_quality <= 100:
-            raise ValueError("--probe-size is at least 32 and --probe-quality between 1 and 100")
+            raise UsageError("--probe-size is at least 32 and --probe-quality between 1 and 100")
         if args.probe_detail and args.probe_detail < args.probe_size:
-            raise ValueError(f"--probe-detail is 0 (none) or at least --probe-size ({args.probe_size})")
+            raise UsageError(f"--probe-detail is 0 (none) or at least --probe-size ({args.probe_size})")
         if args.probe_features:
             from .probe_embeddings import load_embedder
 
             embedder = load_embedder(args.probe_features)
     if args.classifier:
         if not 0 < args.threshold < 1:
-            raise ValueError(f"--threshold is a probability between 0 and 1, not {args.threshold}")
+            raise UsageError(f"--threshold is a probability between 0 and 1, not {args.threshold}")
         from .classifiers import load_classifier
 
         classifier = load_classifier(args.classifier, args.classifier_weights)
@@ -320,16 +311,16 @@ def summary_line(summary: dict) -> str:
 
 def _attention_runs(args) -> list[Path]:
     """The runs --attention reads: --attention-run, else INPUT when it is a run directory (ValueError otherwise)."""
-    from .inputs import input_kind
+    from ..generation.dataset.inputs import input_kind
 
     if args.attention_run:
         for run in args.attention_run:
             if not Path(run).is_dir():
-                raise ValueError(f"--attention-run {run} is not a folder: name the run directory whose edits "
+                raise UsageError(f"--attention-run {run} is not a folder: name the run directory whose edits "
                                  "recorded attention (generate --diffusers-attention)")
         return args.attention_run
     if input_kind(args.input) != "run":
-        raise ValueError(f"--attention: {args.input} is not a run directory; name the run its edits came from "
+        raise UsageError(f"--attention: {args.input} is not a run directory; name the run its edits came from "
                          "with --attention-run RUN_DIR (the attention masks are recorded there)")
     return [args.input]
 
@@ -375,20 +366,4 @@ def run_judge_agreement(args) -> int:
         print(f"human agreement on qualified: {qualified['agreement']:.1%} over {qualified['edits']} edits, kappa "
               f"{kappa}, too strict {qualified['too_strict']:.1%}, too lenient {qualified['too_lenient']:.1%}")
     print(f"wrote {args.out.resolve()}/report.md")
-    return 0
-
-
-def run_stats(args) -> int:
-    from .stats import FIGURE, summarise, write_stats
-
-    summary = summarise(args.inputs)
-    written = write_stats(summary, args.out)
-    stats = summary.stats
-    print(f"{stats.total_tasks():,} tasks ({stats.total_tasks('success'):,} success, "
-          f"{stats.total_tasks('failed'):,} failed, {stats.total_tasks('api_failed'):,} api_failed), "
-          f"{sum(stats.attempts.values()):,} attempts")
-    if written["figure3"] == FIGURE:
-        print(f"wrote {args.out.resolve()}/report.md and {FIGURE}")
-    else:
-        print(f"wrote {args.out.resolve()}/report.md; {FIGURE} {written['figure3']}")
-    return 0
+    return EXIT_OK

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from ..builder.tables import Table, mean
+from ..generation.tables import Table, mean
 from ..generation.files import atomic_write_text, open_append, read_jsonl
 from ..generation.geometry import estimate_geometry, registered
 from ..generation.mask_check import MAX_MASK_PIXELS, header_size, read_checked_mask
@@ -44,6 +44,7 @@ from .inputs import Sample, image_bytes, read_image
 from .judging import judge_record, scores_note
 from .metrics import (CP_UNDEFINED, LPIPSMetric, LPIPSUnavailable, decode_medebench, pixel_metrics, read_mask,
                       to_size)
+from ..generation.failures import UsageError
 
 SAMPLES = "samples.jsonl"
 SETTINGS = "eval-settings.json"
@@ -83,7 +84,7 @@ def _check_settings(path: Path, settings: dict) -> None:
         before = json.loads(path.read_text(encoding="utf-8"))
         differ = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
         if differ:
-            raise ValueError(f"{path.parent} holds an evaluation made with other settings ({', '.join(differ)}); "
+            raise UsageError(f"{path.parent} holds an evaluation made with other settings ({', '.join(differ)}); "
                              "use another --out")
     else:
         atomic_write_text(path, json.dumps(settings, indent=2, ensure_ascii=False))
@@ -212,7 +213,7 @@ def roi_mask(sample: Sample, source: np.ndarray, roi: str, edited: np.ndarray | 
     if roi == "auto" and sample.mask is not None:
         with Image.open(io.BytesIO(image_bytes(sample.mask))) as im:
             if im.size[0] * im.size[1] > MAX_MASK_PIXELS:  # on its header: a bomb is never decoded
-                raise ValueError(f"mask of {im.size[0]}x{im.size[1]} pixels, more than {MAX_MASK_PIXELS:,}")
+                raise UsageError(f"mask of {im.size[0]}x{im.size[1]} pixels, more than {MAX_MASK_PIXELS:,}")
             levels, how = read_mask(im, source.shape)
         return Roi(levels, "given", how, "given")
     if roi == "none":

@@ -15,12 +15,12 @@
 2. A folder written by ``medbanana build`` and one of its configs holding source and edited images (sft,
    failed, judge); source images come from the rows, or from ``source_images`` when the build left them out.
 3. A run directory (or one ``{D}-edit`` folder of it), ours or the original scripts' layout (read by
-   ``builder.runs``): the accepted edits, or every attempt that produced an image; sources from ``source_images``.
+   ``generation.rundir.runs``): the accepted edits, or every attempt that produced an image; sources from ``source_images``.
    The sources folder a run records (``sources_root`` in medbanana-run.json) is a path written on the machine that
    made the run: it is named in the message, never followed (`sources_notice`).
 
 Images a run's data names (attempt images, sources looked up by task, model outputs by uid) are read only from inside
-the folder the user named (``builder.safety``); one that leads outside is that sample's error, never read.
+the folder the user named (``generation.rundir.confined``); one that leads outside is that sample's error, never read.
 With ``edits`` (dataset and run inputs), the edit scored is a model's output ``EDITS/<uid>.png|.jpg|.jpeg`` and
 the dataset's or run's edit becomes the ground truth. Sample ids of dataset and run inputs are ``<uid>#<round>``
 (the bare uid where the round is unknown).
@@ -37,19 +37,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..builder import CONFIG_NAMES
-from ..builder.dataset_folder import shard_files
-from ..builder.output import BUILD_INFO
-from ..builder.rows import canonical_prompt
-from ..builder.runs import discover_units, read_tasks
-from ..builder.safety import Refused, inside
-from ..builder.sources import SourceIndex
+from ..generation.dataset.folder import shard_files
+from ..generation.dataset.inputs import MANIFEST_NAMES, input_kind
+from ..generation.rundir.runs import discover_units, read_tasks
+from ..generation.rundir.confined import Refused, inside
+from ..generation.rundir.source_index import SourceIndex
 from ..generation.records import VERDICT_FIELDS, decode_rgb, verdict_values
 from ..generation.rundir import schema
 from ..generation.rundir.layout import IMAGE_SUFFIXES
-from ..generation.taxonomy import DIRECTIONS, load_taxonomy
+from ..generation.taxonomy import DIRECTIONS, canonical_prompt, load_taxonomy
+from ..generation.failures import NotFound, UsageError
 
-MANIFEST_NAMES = ("samples.jsonl", "samples.csv")
 REQUIRED = ("id", "source", "edited", "instruction", "disease", "direction")
 SCORABLE_CONFIGS = ("sft", "failed", "judge")  # configs whose rows hold a source and an edited image
 _SHARD_COLUMNS = ("uid", "dataset", "modality", "disease", "task")  # what a row must have to be a sample
@@ -100,23 +98,6 @@ def read_image(ref: ImageRef) -> np.ndarray:
     return decode_rgb(image_bytes(ref))
 
 
-def input_kind(path: Path) -> str:
-    """manifest | dataset | run."""
-    path = Path(path)
-    if path.is_file():
-        if path.suffix == ".csv":
-            return "manifest"
-        if path.suffix == ".jsonl":
-            first = next((line for line in path.open(encoding="utf-8") if line.strip()), "{}")
-            return "run" if "image_id" in json.loads(first) else "manifest"  # §5.2 records name image_id
-        raise ValueError(f"{path}: an input file is a samples .jsonl or .csv (or a run's records.jsonl)")
-    if any((path / name).is_file() for name in MANIFEST_NAMES):
-        return "manifest"
-    if (path / BUILD_INFO).is_file() or any((path / c).is_dir() for c in CONFIG_NAMES):
-        return "dataset"
-    return "run"
-
-
 def open_samples(path: Path, *, config: str | None = None, split: str | None = None, edits: Path | None = None,
                  source_images: Path | None = None, attempts: str = "accepted",
                  follow_recorded_sources: bool = True) -> Iterator[Sample]:
@@ -127,18 +108,18 @@ def open_samples(path: Path, *, config: str | None = None, split: str | None = N
     kind = input_kind(path)
     if kind == "manifest":
         if edits is not None or config is not None:
-            raise ValueError("--edits and --config apply to built datasets and run directories, not to samples files")
+            raise UsageError("--edits and --config apply to built datasets and run directories, not to samples files")
         samples = iter(read_samples_file(path))
     elif kind == "dataset":
         samples = dataset_samples(path, config or "sft", split, source_images)
     else:
         if config is not None:
-            raise ValueError(f"{path} is a run directory: --config applies to built datasets")
+            raise UsageError(f"{path} is a run directory: --config applies to built datasets")
         samples = run_samples(path, source_images, attempts, follow_recorded_sources)
     if edits is not None:
         edits = Path(edits)
         if not edits.is_dir():
-            raise FileNotFoundError(f"edits folder not found: {edits}")
+            raise NotFound(f"edits folder not found: {edits}")
         samples = (with_model_edit(s, edits) for s in samples)
     return samples
 
@@ -149,24 +130,37 @@ def _samples_file(path: Path) -> Path:
     return path if path.is_file() else next(path / n for n in MANIFEST_NAMES if (path / n).is_file())
 
 
+def _json_line(file: Path, line_no: int, line: str):
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise UsageError(f"{file}:{line_no}: not a JSON line ({exc})") from None
+
+
 def read_samples_file(path: Path) -> list[Sample]:
     file = _samples_file(path)
     root = file.parent
-    if file.suffix == ".csv":
-        with file.open(newline="", encoding="utf-8") as fh:
-            entries = list(enumerate(csv.DictReader(fh), start=2))
-    else:
-        entries = [(n, json.loads(line)) for n, line in enumerate(file.open(encoding="utf-8"), 1) if line.strip()]
+    try:
+        if file.suffix == ".csv":
+            with file.open(newline="", encoding="utf-8") as fh:
+                entries = list(enumerate(csv.DictReader(fh), start=2))
+        else:
+            with file.open(encoding="utf-8") as fh:
+                entries = [(n, _json_line(file, n, line)) for n, line in enumerate(fh, 1) if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{file}: not UTF-8 text ({exc})") from None
     samples, seen = [], set()
     for line_no, raw in entries:
         where = f"{file}:{line_no}"
+        if not isinstance(raw, dict):
+            raise UsageError(f"{where}: a sample is a JSON object, not {type(raw).__name__}")
         missing = [k for k in REQUIRED if not str(raw.get(k) or "").strip()]
         if missing:
-            raise ValueError(f"{where}: missing {', '.join(missing)} (required: {', '.join(REQUIRED)})")
+            raise UsageError(f"{where}: missing {', '.join(missing)} (required: {', '.join(REQUIRED)})")
         if raw["direction"] not in DIRECTIONS:
-            raise ValueError(f"{where}: direction must be add or remove, not {raw['direction']!r}")
+            raise UsageError(f"{where}: direction must be add or remove, not {raw['direction']!r}")
         if raw["id"] in seen:
-            raise ValueError(f"{where}: duplicate id {raw['id']!r}")
+            raise UsageError(f"{where}: duplicate id {raw['id']!r}")
         seen.add(raw["id"])
         disease, modality = normalise_disease(raw["disease"], raw.get("modality") or None)
         accepted = str(raw.get("accepted", "")).strip().lower()
@@ -177,7 +171,7 @@ def read_samples_file(path: Path) -> list[Sample]:
                               problem=f"file not found: {'; '.join(absent)}" if absent else None,
                               accepted={"true": True, "1": True, "false": False, "0": False}.get(accepted), **refs))
     if not samples:
-        raise ValueError(f"{file}: no samples")
+        raise UsageError(f"{file}: no samples")
     return samples
 
 
@@ -193,12 +187,12 @@ def dataset_samples(folder: Path, config: str, split: str | None, source_images:
     import pyarrow.parquet as pq
 
     if config not in SCORABLE_CONFIGS:
-        raise ValueError(f"config {config!r} has no source/edited image pair to score; use one of "
+        raise UsageError(f"config {config!r} has no source/edited image pair to score; use one of "
                          f"{', '.join(SCORABLE_CONFIGS)}")
     files = _shards(folder, config, split)
     if not files:
         present = sorted(p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.parquet")))
-        raise ValueError(f"{folder}: no parquet files for config {config!r}"
+        raise UsageError(f"{folder}: no parquet files for config {config!r}"
                          f"{f' split {split!r}' if split else ''}; configs present: {', '.join(present) or 'none'}")
     sources = SourceIndex(source_images) if source_images else None
     return _dataset_rows(files, config, sources, pq)
@@ -206,7 +200,7 @@ def dataset_samples(folder: Path, config: str, split: str | None, source_images:
 
 def _shards(folder: Path, config: str, split: str | None) -> list[Path]:
     """The config's shards (of `split`, or every split) in a built folder: its own regular files alone, each
-    footer checked (builder/dataset_folder.py; Unreadable, a ValueError naming the file, otherwise)."""
+    footer checked (generation/dataset/folder.py; Unreadable, a ValueError naming the file, otherwise)."""
     found = shard_files(folder, config, _SHARD_COLUMNS)
     return [Path(f) for name, files in sorted(found.items()) if split in (None, name) for f in files]
 
@@ -254,7 +248,7 @@ def run_samples(run_path: Path, source_images: Path | None, attempts: str,
     """Without `source_images` (and the recorded folder not followed, or none) the samples keep their recorded
     verdicts (what `judge-agreement` compares with human labels) and each has `sources_notice` as its problem."""
     if attempts not in ("accepted", "all"):
-        raise ValueError(f"attempts is 'accepted' or 'all', not {attempts!r}")
+        raise UsageError(f"attempts is 'accepted' or 'all', not {attempts!r}")
     units = discover_units(run_path)
     recorded = recorded_sources(run_path) if source_images is None and follow_recorded_sources else None
     if recorded is not None and Path(recorded).is_dir():

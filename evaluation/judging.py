@@ -25,6 +25,7 @@ from ..generation.prompts import judge_prompt, load_prompt, score_prompt
 from ..generation.records import (RUBRIC_WEIGHTS, VERDICT_BOOLEANS, EditedImage, EditScores, SourceImage, Task,
                                   Verdict)
 from .inputs import Sample, image_bytes
+from ..generation.failures import UsageError
 
 SCALE = 10.0
 
@@ -35,13 +36,13 @@ def make_judge(backend: str, *, model: str | None = None, temperature: float | N
     options = {k: v for k, v in transport_options.items() if v is not None}
     if not getattr(backends.backend_class("judge", backend), "prompts", ()):
         if model or temperature is not None:
-            raise ValueError(f"--judge-model and --temperature apply to an API judge (e.g. gemini), not {backend!r}")
+            raise UsageError(f"--judge-model and --temperature apply to an API judge (e.g. gemini), not {backend!r}")
         return backends.create("judge", backend)
     try:
         return backends.create("judge", backend, temperature=temperature, **({"model": model} if model else {}),
                                **options)
     except TypeError as exc:  # an option the backend or its transport does not take
-        raise ValueError(f"options of the {backend} judge: {exc}") from None
+        raise UsageError(f"options of the {backend} judge: {exc}") from None
 
 
 def can_score(judge) -> bool:

@@ -46,6 +46,7 @@ from scipy import ndimage
 from skimage.metrics import structural_similarity
 
 from ..generation.records import open_image
+from ..generation.failures import UsageError
 
 CP_MODES = ("correct", "medebench")
 SSIM_WINDOW = 7  # scikit-image's default
@@ -62,7 +63,7 @@ def decode_medebench(data: bytes) -> np.ndarray:
         try:
             return np.asarray(im.convert("RGB"))
         except (OSError, SyntaxError) as exc:
-            raise ValueError(f"not a readable image: {exc}") from exc
+            raise UsageError(f"not a readable image: {exc}") from exc
 
 
 # ---------------------------------------------------------------- sizes and masks
@@ -163,7 +164,7 @@ def context_preservation(source: np.ndarray, edited: np.ndarray, mask: np.ndarra
         return cp_correct(source, to_size(edited, source.shape)[0], roi)
     if mode == "medebench":
         return cp_medebench(source, edited, mask)
-    raise ValueError(f"CP mode must be one of {', '.join(CP_MODES)}, not {mode!r}")
+    raise UsageError(f"CP mode must be one of {', '.join(CP_MODES)}, not {mode!r}")
 
 
 # ---------------------------------------------------------------- MedGEN-Bench pixel metrics
@@ -182,7 +183,7 @@ def psnr_rgb(a: np.ndarray, b: np.ndarray) -> float:
     return PSNR_IDENTICAL if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
-class LPIPSUnavailable(RuntimeError):
+class LPIPSUnavailable(UsageError, RuntimeError):
     """LPIPS cannot be computed on this machine; the message says why and what to install or place."""
 
 

@@ -21,6 +21,7 @@ from PIL import Image
 from ..generation.extras import require
 from .inputs import ImageRef, image_bytes
 from .probe_features import FeatureSettings, controlled_image
+from ..generation.failures import UsageError
 
 BATCH = 32
 EMBEDDING_VERSION = 1  # part of the probe cache's key (with the spec): raise it when the images' preparation changes
@@ -61,7 +62,7 @@ class Embedder:
 def load_embedder(spec: str) -> Embedder:
     kind, _, name = spec.partition(":")
     if not name or kind not in ("timm", "open_clip"):
-        raise ValueError(f"--probe-features {spec!r}: use timm:NAME, timm:FOLDER or open_clip:MODEL/PRETRAINED")
+        raise UsageError(f"--probe-features {spec!r}: use timm:NAME, timm:FOLDER or open_clip:MODEL/PRETRAINED")
     torch = require("torch", needed_for="--probe-features", extra="probes-pretrained")
     if kind == "timm":
         return _timm_embedder(name, torch)
@@ -76,7 +77,7 @@ def _timm_embedder(name: str, torch) -> Embedder:
         weights = next((folder / f for f in ("model.safetensors", "pytorch_model.bin") if (folder / f).is_file()),
                        None)
         if weights is None:
-            raise ValueError(f"--probe-features timm:{folder}: no model.safetensors or pytorch_model.bin there")
+            raise UsageError(f"--probe-features timm:{folder}: no model.safetensors or pytorch_model.bin there")
         model = timm.create_model(config["architecture"], pretrained=True,
                                   pretrained_cfg_overlay={**config.get("pretrained_cfg", {}), "file": str(weights)},
                                   **{**config.get("model_args", {}), "num_classes": 0})
@@ -109,6 +110,6 @@ def _torch_embedder(name: str, model, transform, torch, method: str = "__call__"
 
     if weights is None:
         return Embedder(name, embed)
-    from ..builder.manifest import sha256_file  # here: the feature workers import this module, not the builder
+    from ..generation.dataset.manifest import sha256_file
 
     return Embedder(name, embed, sha256_file(weights))

@@ -34,6 +34,7 @@ import numpy as np
 from PIL import Image, JpegImagePlugin
 from scipy import fft as scipy_fft
 from scipy import ndimage
+from ..generation.failures import UsageError
 
 FEATURE_VERSION = 2  # part of the probe cache's key: raise it whenever a change alters any feature's value
 SPECTRUM_BINS = 16
@@ -56,7 +57,7 @@ class FeatureSettings:
 
     def __post_init__(self):
         if self.detail and self.detail < self.size:
-            raise ValueError(f"--probe-detail is 0 (none) or at least --probe-size ({self.size}), not {self.detail}")
+            raise UsageError(f"--probe-detail is 0 (none) or at least --probe-size ({self.size}), not {self.detail}")
 
     def names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The (raw, controlled) feature names, in vector order."""

@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from ..builder.tables import Table
 from ..generation.files import atomic_write_text, open_owned, write_figure
+from ..generation.tables import Table
 
 FEW_SOURCES = 20
 SEPARABILITY_NOTE = (

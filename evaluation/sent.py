@@ -13,14 +13,14 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..builder.output import BUILD_INFO
+from ..generation.dataset.folder import BUILD_INFO
 from ..generation.destinations import DATA_USE_CLASSES, UNKNOWN, destinations, gate, sources_data_use
 from ..generation.files import not_regular
 from ..generation.rundir import schema
 
 
 def check_judge_destination(args) -> None:
-    """DestinationRefused (a ValueError: one line, exit 2) when the input's images may not go to the judge; a
+    """DestinationRefused (a UsageError: one line, exit 2) when the input's images may not go to the judge; a
     warning per line the gate has for them."""
     if args.judge == "none":
         return

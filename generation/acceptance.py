@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .records import RUBRIC_WEIGHTS
+from .failures import NotFound, UsageError
 
+DEFAULT_ACCEPT = "qualified"  # the judge's decision, with compliance for the direction
 POLICY_FORMAT = "medbanana-acceptance-policy"
 POLICY_VERSION = 1
 # the rubric booleans a rule may require besides compliance (has_disease read for the direction), by weight
@@ -76,18 +78,18 @@ class Criterion:
         if m := _SCORE.fullmatch(text):
             threshold = float(m[1])
             if threshold > 1:  # the weighted rubric score lies in [0, 1]: such a policy would silently accept nothing
-                raise ValueError(f"acceptance policy {spec!r}: the rubric score is between 0 and 1, so nothing would "
+                raise UsageError(f"acceptance policy {spec!r}: the rubric score is between 0 and 1, so nothing would "
                                  "pass; use e.g. 'score>=0.7'")
             return cls("score", threshold=threshold)
         if m := _ALL.fullmatch(text):
             named = [name for name in m[1].split(",") if name]
             unknown = sorted(set(named) - set(OPTIONAL_DIMENSIONS))
             if unknown:
-                raise ValueError(f"acceptance policy {spec!r}: all(...) names rubric booleans of "
+                raise UsageError(f"acceptance policy {spec!r}: all(...) names rubric booleans of "
                                  f"{', '.join(OPTIONAL_DIMENSIONS)} (compliance is always required), not "
                                  f"{', '.join(unknown)}")
             return cls("all", required=tuple(d for d in OPTIONAL_DIMENSIONS if d in named))
-        raise ValueError(f"unknown acceptance policy {spec!r}; {_HINT}")
+        raise UsageError(f"unknown acceptance policy {spec!r}; {_HINT}")
 
 
 @dataclass(frozen=True)
@@ -113,10 +115,10 @@ class AcceptanceRule:
         for part in compact.split(";"):
             modality, sep, text = part.partition(":")
             if not sep or not re.fullmatch(r"[a-z][a-z0-9_]*", modality):
-                raise ValueError(f"acceptance policy {spec!r}: a per-modality rule is 'modality:rule;...' for every "
+                raise UsageError(f"acceptance policy {spec!r}: a per-modality rule is 'modality:rule;...' for every "
                                  f"part, not {part!r}")
             if modality in parts:
-                raise ValueError(f"acceptance policy {spec!r}: {modality} is named twice")
+                raise UsageError(f"acceptance policy {spec!r}: {modality} is named twice")
             parts[modality] = Criterion.parse(text, spec)
         return cls(None, tuple(sorted(parts.items())))
 
@@ -153,17 +155,17 @@ def read_policy(path: Path) -> dict:
     try:
         policy = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"acceptance policy not found: {path}") from None
+        raise NotFound(f"acceptance policy not found: {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable policy file ({exc})") from None
+        raise UsageError(f"{path}: not a readable policy file ({exc})") from None
     if not isinstance(policy, dict) or policy.get("format") != POLICY_FORMAT:
-        raise ValueError(f"{path}: not an acceptance policy made by `medbanana calibrate` (no format "
+        raise UsageError(f"{path}: not an acceptance policy made by `medbanana calibrate` (no format "
                          f"{POLICY_FORMAT!r})")
     if policy.get("version") != POLICY_VERSION:
-        raise ValueError(f"{path}: policy version {policy.get('version')!r}; this medbanana reads version "
+        raise UsageError(f"{path}: policy version {policy.get('version')!r}; this medbanana reads version "
                          f"{POLICY_VERSION}")
     if not isinstance(policy.get("rule"), str):
-        raise ValueError(f"{path}: the policy names no rule")
+        raise UsageError(f"{path}: the policy names no rule")
     AcceptanceRule.parse(policy["rule"])
     return policy
 

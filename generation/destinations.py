@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from .files import not_regular, read_jsonl
 from .secrets import scrub
+from .failures import UsageError
 
 MANIFEST = "prepare_manifest.jsonl"  # what `prepare` writes beside the dataset folders, one JSON line per image
 CREDENTIALED, OPEN, UNKNOWN, SYNTHETIC = "credentialed", "open", "unknown", "synthetic"
@@ -59,7 +60,7 @@ _PROJECT = re.compile(r"(?:[a-z][a-z0-9.-]{0,61}[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[
 _LOCATION = re.compile(r"global|us|eu|[a-z]{2,20}-[a-z]{2,20}[0-9]{1,2}")
 
 
-class DestinationRefused(ValueError):
+class DestinationRefused(UsageError):
     """A destination the command may not use (a malformed one, or one the data's class forbids): one line, exit 2."""
 
 

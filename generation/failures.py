@@ -1,17 +1,18 @@
-"""Exit codes of the commands, and the grouping of failure messages into the top reasons they print to stderr
-(`medbanana generate`: commands/exit_codes.py; `medbanana eval`: evaluation/failures.py).
+"""Exit codes of the commands (the one table: docs/exit-codes.md says them to users), the error type of a user's
+mistake, and the grouping of failure messages into the top reasons they print to stderr (`medbanana generate`:
+commands/exit_codes.py; `medbanana eval`: evaluation/failures.py).
 
     0  generate: every task finished, accepted or failed after its rounds (a judged failure is a result).
        eval: at least one sample was scored (and judged, with a judge); failed samples are counted on stderr.
-    2  a user error: bad options, an unknown disease, a folder made with other settings (cli.main).
+    1  a bug or an unforeseen failure: its traceback (cli.main). verify: a file does not match.
+    2  a user error (`UsageError`): bad options, an unknown disease, a folder made with other settings (cli.main).
     3  generate: some tasks ended api_failed (API errors, unreadable sources); `--retry-failed RUN_DIR` retries
        them. eval: no sample could be scored, or a judge was asked for and no sample got a verdict.
-    4  generate: a process of the run died (a --workers child, a Ray shard after its retries; runners/processes.py).
+    4  generate: a process of the run died (`WorkerCrashed`: a --workers child, a Ray shard after its retries).
     5  generate: the --budget was reached: no more rounds started, finished work is kept; the same command with a
        higher --budget goes on (runners/budget.py).
    75  another process holds the run directory's or output folder's lock (generation/rundir/lock.py); try again later.
   130  interrupted (Ctrl-C); finished work is kept.
-(`verify` has its own: 1 when a file does not match.)
 
 Failure messages name files and objects, so they are grouped by a form with paths and addresses left out; each
 reason printed names what its first message named (`e.g. /data/x/cxr-001.png`), so that a line says which file.
@@ -24,14 +25,33 @@ import sys
 from collections import Counter
 
 EXIT_OK = 0
-EXIT_USAGE = 2
+EXIT_FAILURE = 1  # a bug or an unforeseen failure (its traceback); verify: a file does not match
+EXIT_USAGE = 2  # a UsageError
 EXIT_INCOMPLETE = 3
 EXIT_INFRASTRUCTURE = 4  # a process of the run died: not the user's error nor the API's
 EXIT_BUDGET = 5  # generate --budget: the next round would not fit
+EXIT_LOCKED = 75  # sysexits' EX_TEMPFAIL: nothing is wrong with the command, try again when the other one ends
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 TOP = 5  # reasons printed
-# the failure kind of an api_failed task ended by `generate --retry-failed --drop-missing-sources`: its source is
-# gone, so no retry can run it; the exit code does not count it
-SOURCE_MISSING = "source_missing"
+
+
+class UsageError(ValueError):
+    """A mistake the user can fix (an option, a file or folder named, what it holds): `medbanana` prints its message
+    as one line and exits EXIT_USAGE. Every other exception is a bug or an unforeseen failure and keeps its
+    traceback. A ValueError, so that a library caller's `except ValueError` still catches it."""
+
+    exit_code = EXIT_USAGE
+
+
+class NotFound(UsageError, FileNotFoundError):
+    """A file or folder the user named is not there (a FileNotFoundError too, for callers that catch that)."""
+
+
+class WorkerCrashed(RuntimeError):
+    """A worker process ended before finishing its tasks (a `--workers` child, a Ray shard after its retries);
+    the CLI prints it as one line and exits with `exit_code`."""
+
+    exit_code = EXIT_INFRASTRUCTURE
 
 
 def reason_key(message: str, limit: int = 160) -> str:

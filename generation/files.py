@@ -23,6 +23,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from .failures import UsageError
 
 TEMP_NAME = re.compile(r"^\..+\.tmp\d+(\.\d+)?$")  # what atomic_write_bytes leaves behind when killed mid-write
 _serial = itertools.count()  # two writes of one path in one process (threads) never share a temp file
@@ -56,7 +57,7 @@ def create_new(path: Path, mode: int = 0o666, flags: int = 0) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | flags, mode)
 
 
-class UnsafeFile(ValueError):
+class UnsafeFile(UsageError):
     """A file medbanana would write in place, or read, that is a symbolic link (`symlink`), no regular file (a
     folder, a FIFO, a device) or, to be written, a hard link: refused in one line naming it."""
 
@@ -169,3 +170,12 @@ def read_jsonl(path: Path) -> list:
         except json.JSONDecodeError:
             continue
     return values
+
+
+def read_user_text(path: Path, named: str = "") -> str:
+    """A text file the user named (a CSV of labels, a list of ids), BOM aside; one that is not UTF-8 is their
+    mistake to fix: a UsageError naming it (`named`: the option it was given with, e.g. "--only ")."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{named}{path}: not UTF-8 text ({exc})") from None

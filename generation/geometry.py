@@ -38,6 +38,7 @@ import numpy as np
 
 from .records import GEOMETRY_MODES, EditedImage, SourceImage, Verdict, decode_rgb, encode_jpeg
 from .registration import BLOCKS, FM_SIDE, MIRRORS, WORK_SIDE, PreparedSource, fit_pair, prepare_source, warp_to_source
+from .failures import UsageError
 
 REFERENCE_SIDE = 1024  # px: where the tolerances are stated
 SHIFT_TOLERANCE = 1.0  # px at 1024
@@ -193,7 +194,7 @@ def check_edit(mode: str, source: SourceImage, edited: EditedImage) -> GeometryC
     (reject, or register past the REGISTRABLE limits), warped back onto the source's grid (register) or kept as it
     came (record). An edit that cannot be measured goes on as it came, said so."""
     if mode not in GEOMETRY_MODES:
-        raise ValueError(f"unknown geometry mode {mode!r}; use one of {', '.join(GEOMETRY_MODES)}")
+        raise UsageError(f"unknown geometry mode {mode!r}; use one of {', '.join(GEOMETRY_MODES)}")
     try:
         geometry = estimate_geometry(prepare_source(source.data, key=source.sha256), edited.data)
     except ValueError as exc:

@@ -1,7 +1,7 @@
 """The per-task refinement loop: instruction -> edit the ORIGINAL -> judge -> refine from the full history.
 
 It is written once, as a plain generator, `refinement`: it yields each step it needs answered (`WriteInstruction`,
-`EditImage`, `CheckGeometry`, `JudgeEdit`, then `RoundFinished` for the store), is sent each step's answer or has
+`EditImage`, `CheckGeometry`, `JudgeEdit`, then `StoreAttempt` for the store), is sent each step's answer or has
 the step's exception thrown into it, and returns the TaskOutcome. `CheckGeometry` (the geometry guard,
 generation/geometry.py) is answered by the driver itself, off its event loop: an edit whose frame moved is
 rejected before the judge, warped back onto the source's grid, or judged as it came, by the run's `geometry` mode. It alone names the steps, builds the attempts, applies the
@@ -21,8 +21,9 @@ from typing import Any, Awaitable, Callable, ClassVar, Generator, Union
 from .backends import APIError, EditRefused, Editor, InstructionWriter, Judge
 from .acceptance import AcceptanceRule
 from .geometry import GeometryCheck, check_edit, frame_verdict
-from .records import (DEFAULT_GEOMETRY, VERDICT_FIELDS, ApiFailure, Attempt, EditedImage, SourceImage, Task,
-                      TaskOutcome, Verdict)
+from .records import (DEFAULT_GEOMETRY, DEFAULT_MAX_ROUNDS, VERDICT_FIELDS, Attempt, EditedImage, SourceImage, Task,
+                      Verdict)
+from .outcomes import ApiFailure, FailureKind, TaskOutcome, TaskStatus
 
 Acceptance = Callable[[Verdict, Task], bool]
 OnRound = Callable[[Task, Attempt, "EditedImage | None"], Awaitable[None] | None]
@@ -119,7 +120,7 @@ class CheckGeometry:
 
 
 @dataclass(frozen=True)
-class RoundFinished:
+class StoreAttempt:
     """A finished attempt (and its image, None after a refused edit), to be stored. The driver sets
     `attempt.seconds` (its measure of the round's wall time), writes it, and answers None: only then does the
     attempt count, so a round that was never stored is never part of the outcome."""
@@ -130,13 +131,13 @@ class RoundFinished:
 
 
 BACKEND_STEPS = (WriteInstruction, EditImage, JudgeEdit)  # in the order of a round (CheckGeometry between the last two)
-Step = Union[WriteInstruction, EditImage, CheckGeometry, JudgeEdit, RoundFinished]
+Step = Union[WriteInstruction, EditImage, CheckGeometry, JudgeEdit, StoreAttempt]
 # what is sent back depends on the step (an Instruction, an EditedImage, a Verdict, None): no one type says it
 Refinement = Generator[Step, Any, TaskOutcome]
 
 
-def refinement(task: Task, source: SourceImage, *, max_rounds: int = 5, accept: Acceptance = accept_qualified,
-               seed: int = 0, history: list[Attempt] | None = None,
+def refinement(task: Task, source: SourceImage, *, max_rounds: int = DEFAULT_MAX_ROUNDS,
+               accept: Acceptance = accept_qualified, seed: int = 0, history: list[Attempt] | None = None,
                geometry: str = DEFAULT_GEOMETRY) -> Refinement:
     """One task, to success, to `max_rounds` rejected attempts, or to a failure, as the steps it needs answered.
 
@@ -150,14 +151,14 @@ def refinement(task: Task, source: SourceImage, *, max_rounds: int = 5, accept: 
     try:
         return (yield from _rounds(task, source, attempts, max_rounds, accept, seed, geometry))
     except Exception as exc:
-        return TaskOutcome(task, "api_failed", attempts, ApiFailure("unexpected", len(attempts) + 1,
-                                                                     f"{type(exc).__name__}: {exc}", "unexpected"))
+        return TaskOutcome(task, TaskStatus.API_FAILED, attempts, ApiFailure(
+            "unexpected", len(attempts) + 1, f"{type(exc).__name__}: {exc}", FailureKind.UNEXPECTED))
 
 
 def _rounds(task: Task, source: SourceImage, attempts: list[Attempt], max_rounds: int, accept: Acceptance,
             seed: int, geometry: str) -> Refinement:
     if attempts and attempts[-1].accepted:
-        return TaskOutcome(task, "success", attempts)
+        return TaskOutcome(task, TaskStatus.SUCCESS, attempts)
     for round_no in range(len(attempts) + 1, max_rounds + 1):
         step = "generate_prompt" if round_no == 1 else "update_prompt"
         edited = None
@@ -180,12 +181,12 @@ def _rounds(task: Task, source: SourceImage, attempts: list[Attempt], max_rounds
                     attempt = Attempt(round_no, instruction, verdict, accepted=accept(verdict, task),
                                       edit_details=edited.details, edit_usage=edited.usage, geometry=check.record())
         except APIError as error:
-            return TaskOutcome(task, "api_failed", attempts, ApiFailure(step, round_no, str(error), error.kind))
-        yield RoundFinished(task, attempt, edited)
+            return TaskOutcome(task, TaskStatus.API_FAILED, attempts, ApiFailure(step, round_no, str(error), error.kind))
+        yield StoreAttempt(task, attempt, edited)
         attempts.append(attempt)
         if attempt.accepted:
-            return TaskOutcome(task, "success", attempts)
-    return TaskOutcome(task, "failed", attempts)
+            return TaskOutcome(task, TaskStatus.SUCCESS, attempts)
+    return TaskOutcome(task, TaskStatus.FAILED, attempts)
 
 
 def advance(steps: Refinement, answer: object = None) -> Step | TaskOutcome:
@@ -200,7 +201,7 @@ def advance(steps: Refinement, answer: object = None) -> Step | TaskOutcome:
 # ---------------------------------------------------------------- the driver for one task
 
 async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter, editor: Editor, judge: Judge, *,
-                      max_rounds: int = 5, accept: Acceptance = accept_qualified, seed: int = 0,
+                      max_rounds: int = DEFAULT_MAX_ROUNDS, accept: Acceptance = accept_qualified, seed: int = 0,
                       history: list[Attempt] | None = None, on_round: OnRound | None = None,
                       geometry: str = DEFAULT_GEOMETRY) -> TaskOutcome:
     """`refinement` answered by awaiting the backends' methods, one step after the other (the geometry check in a
@@ -216,7 +217,7 @@ async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter
     while not isinstance(step, TaskOutcome):
         answer: object = None
         try:
-            if isinstance(step, RoundFinished):
+            if isinstance(step, StoreAttempt):
                 step.attempt.seconds = time.perf_counter() - started
                 if on_round is not None and (maybe := on_round(task, step.attempt, step.image)) is not None:
                     await maybe

@@ -18,6 +18,7 @@ import zlib
 from typing import NamedTuple
 
 import numpy as np
+from .failures import UsageError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_MASK_PIXELS = 8192 * 8192  # 64 MB decoded: a mask of a larger image is not kept
@@ -61,7 +62,7 @@ def read_checked_mask(data: bytes, size: tuple[int, int] | None = None, what: st
     mask (mask_problem) of `size`."""
     problem, levels = check_mask(data, size, None)
     if problem is not None:
-        raise ValueError(f"{what} refused: {problem}")
+        raise UsageError(f"{what} refused: {problem}")
     return levels > 127
 
 
@@ -156,4 +157,4 @@ def _decoded(data: bytes) -> np.ndarray:
             image.load()
             return np.asarray(image)
     except Exception as exc:  # noqa: BLE001 - zlib.error, OSError (truncated data), SyntaxError, ...
-        raise ValueError(f"its image data does not decode: {exc.__class__.__name__}: {exc}") from None
+        raise UsageError(f"its image data does not decode: {exc.__class__.__name__}: {exc}") from None

@@ -39,6 +39,7 @@ from .anatomy import ANAT, MARGIN_GRID, REGION_MARGIN, estimate_anatomy, grown_r
 from .raster import SourceCache, fill_holes, padded_box, resize_rgb
 from .records import TaskMasks, open_image, rgb_array
 from .taxonomy import load_taxonomy
+from .failures import UsageError
 
 WORK_SIDE = 160  # working size: cost independent of the image's, fine enough for a finding's outline
 REGION_SIDE = 128  # the grid a region is rasterised on (a coarse region: finer costs time and says no more)
@@ -75,7 +76,7 @@ def decode_reduced(data: bytes, side: int) -> tuple[np.ndarray, tuple[int, int]]
             image.load()
             return rgb_array(image), size
         except (OSError, SyntaxError) as exc:
-            raise ValueError(f"not a readable image: {exc}") from exc
+            raise UsageError(f"not a readable image: {exc}") from exc
 
 
 def working_size(size: tuple[int, int]) -> tuple[int, int]:

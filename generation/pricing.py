@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from .records import Usage
+from .failures import UsageError
 
 LOCAL_BACKENDS = frozenset({"simulator", "diffusers", "echo"})  # nothing billed per token
 MAX_PRICE_FILE = 1 << 20  # bytes
@@ -90,18 +91,18 @@ def load_prices(path: Path | str | None = None) -> PriceTable:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_PRICE_FILE + 1)
     except OSError as exc:
-        raise ValueError(f"--prices {path}: cannot read it ({exc.strerror or exc})") from None
+        raise UsageError(f"--prices {path}: cannot read it ({exc.strerror or exc})") from None
     if len(raw) > MAX_PRICE_FILE:
-        raise ValueError(f"--prices {path}: larger than {MAX_PRICE_FILE // 1024} KiB; not a price table")
+        raise UsageError(f"--prices {path}: larger than {MAX_PRICE_FILE // 1024} KiB; not a price table")
     try:
         given = json.loads(raw)
     except ValueError as exc:
-        raise ValueError(f"--prices {path}: not JSON ({exc})") from None
+        raise UsageError(f"--prices {path}: not JSON ({exc})") from None
     if not isinstance(given, dict) or not isinstance(given.get("models"), dict):
-        raise ValueError(f'--prices {path}: want {{"currency": "USD", "models": {{"MODEL": {{"input_per_mtok": X, '
+        raise UsageError(f'--prices {path}: want {{"currency": "USD", "models": {{"MODEL": {{"input_per_mtok": X, '
                          f'"output_per_mtok": Y}}}}}}')
     if given.get("currency", "USD") != "USD":
-        raise ValueError(f"--prices {path}: currency {str(given['currency'])[:20]!r}: prices are in USD")
+        raise UsageError(f"--prices {path}: currency {str(given['currency'])[:20]!r}: prices are in USD")
     mine = _models(given, f"--prices {path}", _fraction(given, "batch_discount", f"--prices {path}",
                                                          shipped.get("batch_discount", 0.5)))
     return PriceTable({**table, **mine}, read_on=shipped.get("read_on", ""), source=shipped.get("source", ""),
@@ -114,14 +115,14 @@ def _models(raw: dict, where: str, default_discount: float) -> dict[str, ModelPr
     for name, entry in raw.get("models", {}).items():
         at = f"{where}: models.{str(name)[:80]}"
         if not isinstance(entry, dict):
-            raise ValueError(f"{at}: want an object with input_per_mtok and output_per_mtok")
+            raise UsageError(f"{at}: want an object with input_per_mtok and output_per_mtok")
         long = entry.get("long_prompt")
         if long is not None and not isinstance(long, dict):
-            raise ValueError(f"{at}.long_prompt: want an object with above_tokens, input_per_mtok, output_per_mtok")
+            raise UsageError(f"{at}.long_prompt: want an object with above_tokens, input_per_mtok, output_per_mtok")
         long = long or {}
         above = long.get("above_tokens")
         if long and (not isinstance(above, int) or isinstance(above, bool) or above < 1):
-            raise ValueError(f"{at}.long_prompt.above_tokens: want a whole number of tokens, not {above!r}"[:300])
+            raise UsageError(f"{at}.long_prompt.above_tokens: want a whole number of tokens, not {above!r}"[:300])
         out[str(name)] = ModelPrice(
             _amount(entry, "input_per_mtok", at), _amount(entry, "output_per_mtok", at), above if long else None,
             _amount(long, "input_per_mtok", f"{at}.long_prompt") if long else None,
@@ -133,12 +134,12 @@ def _models(raw: dict, where: str, default_discount: float) -> dict[str, ModelPr
 def _amount(entry: dict, key: str, at: str) -> float:
     value = entry.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
-        raise ValueError(f"{at}.{key}: want USD per million tokens (a number of at least 0), not {value!r}"[:300])
+        raise UsageError(f"{at}.{key}: want USD per million tokens (a number of at least 0), not {value!r}"[:300])
     return float(value)
 
 
 def _fraction(entry: dict, key: str, at: str, default: float) -> float:
     value = entry.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{at}.{key}: want a share between 0 and 1 (0.5: half price), not {value!r}"[:300])
+        raise UsageError(f"{at}.{key}: want a share between 0 and 1 (0.5: half price), not {value!r}"[:300])
     return float(value)

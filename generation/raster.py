@@ -17,6 +17,7 @@ from typing import Generic, TypeVar
 import numpy as np
 from PIL import Image
 from scipy import ndimage
+from .failures import UsageError
 
 T = TypeVar("T")
 
@@ -75,7 +76,7 @@ def decode_mask(text: str, size: tuple[int, int] | None = None) -> np.ndarray:
         with Image.open(io.BytesIO(base64.b64decode(text, validate=True))) as im:
             grey = im.convert("L")
     except (ValueError, OSError) as exc:  # binascii.Error is a ValueError; PIL raises OSError subclasses
-        raise ValueError(f"not a base64 mask image: {exc}") from None
+        raise UsageError(f"not a base64 mask image: {exc}") from None
     if size is not None and grey.size != tuple(size):
         grey = grey.resize(tuple(size), Image.NEAREST)
     return np.asarray(grey) > 127

@@ -1,4 +1,5 @@
-"""Plain records passed between stages: tasks, instructions, edits, verdicts, attempts and task outcomes.
+"""Plain records passed between stages: tasks, instructions, edits, verdicts and attempts (how a task ended:
+`outcomes.py`).
 
 `Attempt.to_round_json()` and `rundir.store.conversation_record()` write the original scripts' JSON shapes
 (see ARCHITECTURE.md, "Run directory"), plus our extra fields; nothing of the original is dropped.
@@ -15,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from .failures import UsageError
 
-from .secrets import scrub
 
 # Pillow's own warning threshold: the default of `prepare --max-pixels` and `generate --max-pixels`
 DEFAULT_MAX_PIXELS = 89_478_485
+DEFAULT_MAX_ROUNDS = 5  # rounds per task at most (the paper's), where neither the user nor the run says otherwise
+DEFAULT_CONCURRENCY = 4  # a run's tasks in flight at once
 # what `--geometry` does with an edit whose frame moved (generation/geometry.py); here, where the commands' parsers
 # reach it without importing the estimator's PIL and scipy
 GEOMETRY_MODES = ("reject", "register", "record")
@@ -62,7 +65,7 @@ def as_bool(value) -> bool | None:
 def strict_bool(value) -> bool | None:
     """`as_bool`, where a word must be one of TRUE_WORDS or FALSE_WORDS (a person's label): ValueError otherwise."""
     if isinstance(value, str) and value.strip().lower() not in TRUE_WORDS | FALSE_WORDS:
-        raise ValueError(f"{value!r} is not true/false, yes/no, 1/0 or pass/fail")
+        raise UsageError(f"{value!r} is not true/false, yes/no, 1/0 or pass/fail")
     return as_bool(value)
 
 
@@ -178,15 +181,15 @@ def open_image(data: bytes, max_pixels: int | None = None):
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         # Pillow's own guard, from the header too (the warning is raised only when warnings are errors)
         limit = f" > {max_pixels} (--max-pixels)" if max_pixels else ""
-        raise ValueError(f"over the pixel limit{limit}: {exc}") from None
+        raise UsageError(f"over the pixel limit{limit}: {exc}") from None
     except UnidentifiedImageError:  # its message names the in-memory buffer, which tells the user nothing
-        raise ValueError("not a readable image: not an image format Pillow knows") from None
+        raise UsageError("not a readable image: not an image format Pillow knows") from None
     except (OSError, SyntaxError) as exc:
-        raise ValueError(f"not a readable image: {exc}") from exc
+        raise UsageError(f"not a readable image: {exc}") from exc
     w, h = image.size
     if max_pixels is not None and w * h > max_pixels:
         image.close()
-        raise ValueError(f"over the pixel limit: {w}x{h} = {w * h} pixels > {max_pixels} (--max-pixels); "
+        raise UsageError(f"over the pixel limit: {w}x{h} = {w * h} pixels > {max_pixels} (--max-pixels); "
                          "not decoded")
     return image
 
@@ -199,7 +202,7 @@ def decode_rgb(data: bytes, max_pixels: int | None = None) -> np.ndarray:
             im.load()
             return rgb_array(im)
         except (OSError, SyntaxError) as exc:
-            raise ValueError(f"not a readable image: {exc}") from exc
+            raise UsageError(f"not a readable image: {exc}") from exc
 
 
 def rgb_array(image) -> np.ndarray:
@@ -354,34 +357,10 @@ class Attempt:
 
 
 @dataclass
-class ApiFailure:
-    step: str  # generate_prompt | update_prompt | edit_image | verify_image
-    round: int
-    error: str
-    kind: str = "api_error"
-
-    def __post_init__(self):
-        # the one place every failure message passes, also an unexpected exception's, which may quote an answer
-        self.error = scrub(self.error)
-
-
-@dataclass
 class TaskMasks:
     """One task's masks as Image values (`{"bytes", "path"}`): its region, and each attempt image's edit mask (by
     run-relative path; None where there is none). Computed by generation/masks.py, or read back from what a run
-    stored by builder/run_masks.py, which then imports no scipy."""
+    stored by generation/rundir/stored_masks.py, which then imports no scipy."""
 
     region: dict | None = None
     edits: dict[str, dict | None] = field(default_factory=dict)
-
-
-@dataclass
-class TaskOutcome:
-    task: Task
-    status: str  # success | failed | api_failed | source_error
-    attempts: list[Attempt]
-    failure: ApiFailure | None = None
-
-    @property
-    def success_round(self) -> int | None:
-        return self.attempts[-1].round if self.status == "success" else None

@@ -15,6 +15,7 @@ from scipy import fft
 
 from .raster import SourceCache
 from .records import open_image, rgb_array
+from .failures import UsageError
 
 WORK_SIDE = 256  # px, the longest side of the working images
 FM_SIDE = 128  # px, the Fourier-Mellin stage's grid
@@ -55,7 +56,7 @@ def _grey(data: bytes | np.ndarray, wh: tuple[int, int] | None = None) -> tuple[
         try:
             image.load()
         except (OSError, SyntaxError) as exc:
-            raise ValueError(f"not a readable image: {exc}") from exc
+            raise UsageError(f"not a readable image: {exc}") from exc
         if image.mode not in ("L", "RGB"):
             image = Image.fromarray(rgb_array(image))
     if wh is None:

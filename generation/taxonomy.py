@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from .failures import UsageError
 
 DIRECTIONS = ("add", "remove")
 # File names of the original scripts call the add direction "edit".
@@ -93,7 +94,7 @@ class Taxonomy:
             scope = self.modalities[modality].targets if modality else self.targets
             known = ", ".join(t.folder for t in scope)
             what = "is not an edit target" if label else "is not a known disease"
-            raise ValueError(f"{name!r} {what}{f' for {modality}' if modality else ''}; known targets: {known}")
+            raise UsageError(f"{name!r} {what}{f' for {modality}' if modality else ''}; known targets: {known}")
         return label
 
     def is_normal_folder(self, name: str, modality: str) -> bool:
@@ -124,10 +125,22 @@ class Taxonomy:
         try:
             return self.modalities[key]
         except KeyError:
-            raise ValueError(f"unknown modality {key!r}; known: {', '.join(self.modalities)}") from None
+            raise UsageError(f"unknown modality {key!r}; known: {', '.join(self.modalities)}") from None
 
 
 @lru_cache(maxsize=1)
 def load_taxonomy() -> Taxonomy:
     text = resources.files("medbanana.generation").joinpath("taxonomy.json").read_text(encoding="utf-8")
     return Taxonomy(json.loads(text))
+
+
+def canonical_prompt(task) -> str:
+    """The task in one sentence, e.g. "Add a pleural effusion to this chest X-ray.", from anything with its
+    `disease`, `modality` and `direction` (a task record, an evaluation sample)."""
+    return canonical_instruction(task.disease, task.modality, task.direction)
+
+
+@lru_cache(maxsize=1024)
+def canonical_instruction(disease: str, modality: str | None, direction: str) -> str:
+    """`canonical_prompt` from the task's fields (a row's, for readers of a built dataset)."""
+    return load_taxonomy().task_sentence(disease, modality, direction)

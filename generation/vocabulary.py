@@ -7,8 +7,11 @@ every command, and the old spellings kept as hidden aliases that still work and 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+# `--threads`' default where images are decoded or encoded (prepare, export medebench): one per CPU, at most 4
+DEFAULT_THREADS = min(4, os.cpu_count() or 1)
 PARALLELISM = {
     "--workers": "processes",
     "--threads": "threads",

@@ -13,9 +13,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from ..builder.sources import SourceIndex, looked_for
+from ..generation.rundir.source_index import SourceIndex, looked_for
 from .hub import load_medbanana, to_pandas
 from .trl import convert, to_diffusion_dpo, to_editor_sft, to_judge_sft, to_refiner_dpo
+from ..generation.failures import UsageError
 
 __all__ = ["attach_sources", "load_medbanana", "to_pandas", "convert", "to_refiner_dpo", "to_judge_sft",
            "to_editor_sft", "to_diffusion_dpo"]
@@ -31,22 +32,22 @@ def attach_sources(ds, source_dir: str | Path, *, strict: bool = False):
     `source_image` (counted in a warning), or raise a ValueError when `strict`; a folder with no image, or (not
     streaming) matching no row, is a ValueError. Other columns, images included, are not touched.
     Only files inside `source_dir` are read (a symlink leading out of it is refused) and only JPEG or PNG images
-    are attached: either refusal raises `medbanana.builder.safety.Refused` (a ValueError) naming the file.
+    are attached: either refusal raises `medbanana.generation.rundir.confined.Refused` (a ValueError) naming the file.
     """
     if isinstance(ds, dict):  # DatasetDict / IterableDatasetDict
         return type(ds)({split: attach_sources(part, source_dir, strict=strict) for split, part in ds.items()})
     columns = ds.column_names or list(ds.features)
     if "source_image" not in columns:
-        raise ValueError("this config has no source_image column (conversations has none); "
+        raise UsageError("this config has no source_image column (conversations has none); "
                          "use sft, failed, dpo_pairs or judge")
     index = SourceIndex(Path(source_dir))
     if not len(index):  # the wrong folder: said now rather than as a dataset of nulls
-        raise ValueError(f"no source image to attach: {source_dir} holds no JPEG or PNG file")
+        raise UsageError(f"no source image to attach: {source_dir} holds no JPEG or PNG file")
 
     def fill(dataset, task, disease, source_id, source_path):
         value = index.image_value(dataset, task, disease, source_id, source_path)
         if value is None and strict:
-            raise ValueError(f"no source image for {dataset}/{task}/{source_id} ({disease}) in {source_dir}")
+            raise UsageError(f"no source image for {dataset}/{task}/{source_id} ({disease}) in {source_dir}")
         return {"source_image": value}
 
     if not hasattr(ds, "cache_files"):  # streaming: map's output is typed only by a cast afterwards
@@ -64,7 +65,7 @@ def _count_matches(ds, source_dir) -> None:
     matched = total - ds.data.column("source_image").null_count
     if total and not matched:
         first = ds.select_columns(_IDENTITY)[0]
-        raise ValueError(f"no source image in {source_dir} for any of the {total:,} rows; looked for e.g. "
+        raise UsageError(f"no source image in {source_dir} for any of the {total:,} rows; looked for e.g. "
                          f"{looked_for(*(first[c] for c in _IDENTITY))}")
     if matched < total:
         warnings.warn(f"attach_sources: {matched:,} of {total:,} rows got a source image from {source_dir}; the "

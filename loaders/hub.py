@@ -7,9 +7,12 @@ from pathlib import Path
 import datasets
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
-from ..builder.features import CONFIG_FEATURES, PUBLISHED_CONFIGS, REVIEW_CONFIG, image_columns
+from ..generation.dataset.configs import PUBLISHED_CONFIGS, REVIEW_CONFIG
+from ..generation.dataset.features import CONFIG_FEATURES, image_columns
+from ..generation.dataset.folder import CARD, read_card, shard_files
+from ..generation.dataset.hub import unreachable
 from ..generation.rundir import layout
-from ..builder.dataset_folder import CARD, read_card, shard_files
+from ..generation.failures import NotFound, UsageError
 
 
 def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str | None = "train",
@@ -19,25 +22,25 @@ def load_medbanana(path_or_repo: str | Path, config: str = "sft", *, split: str 
     `path_or_repo` is a folder written by `medbanana build` or a Hub dataset repo id (ORG/NAME: a bare name that is
     no folder here is refused, and so, at once, is an id when the Hub cannot be reached, unless HF_HUB_OFFLINE
     asks for datasets' cached copy). `split=None` gives every split (a DatasetDict). A folder's rows are its own
-    regular shard files alone (builder/dataset_folder.py: the card's YAML never names a file, a link is refused; a
+    regular shard files alone (generation/dataset/folder.py: the card's YAML never names a file, a link is refused; a
     refusal is a ValueError naming the file). `decode_images=False` gives images as `{"bytes", "path"}` dicts:
     nothing is decoded, and `ds.map` passes the bytes on as they are. Other keyword arguments go to `load_dataset`
     (e.g. `revision`).
     """
     if config not in CONFIG_FEATURES:
-        raise ValueError(f"unknown config {config!r}; a medbanana dataset has {', '.join(PUBLISHED_CONFIGS)}")
+        raise UsageError(f"unknown config {config!r}; a medbanana dataset has {', '.join(PUBLISHED_CONFIGS)}")
     local = Path(path_or_repo).expanduser()
     if local.is_dir():
         ds = _load_folder(local, config, split, streaming, load_kwargs)
     elif written_as_path(str(path_or_repo)) or local.exists():
-        raise FileNotFoundError(f"no dataset folder at {path_or_repo} ({local.resolve()}): give the folder written "
+        raise NotFound(f"no dataset folder at {path_or_repo} ({local.resolve()}): give the folder written "
                                 "by `medbanana build`, or a Hub dataset repo id")
     else:
         _check_hub_id(str(path_or_repo), load_kwargs.get("revision"))
         try:
             ds = datasets.load_dataset(str(path_or_repo), config, split=split, streaming=streaming, **load_kwargs)
         except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as exc:
-            raise FileNotFoundError(f"{path_or_repo!r} is not a folder in {Path.cwd()}, and it could not be loaded "
+            raise NotFound(f"{path_or_repo!r} is not a folder in {Path.cwd()}, and it could not be loaded "
                                     f"as a Hub dataset repo id either ({exc})") from exc
     _check_columns(ds, config, path_or_repo)
     if not decode_images:
@@ -57,11 +60,9 @@ def _check_hub_id(name: str, revision: str | None) -> None:
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    from ..builder.upload import unreachable
-
     here = f"not a folder in {Path.cwd()}"
     if "/" not in name:  # a Hub dataset id is ORG/NAME: a bare name can only have meant a folder
-        raise FileNotFoundError(f"{name!r} is {here}: give the path of the folder `medbanana build` wrote (e.g. "
+        raise NotFound(f"{name!r} is {here}: give the path of the folder `medbanana build` wrote (e.g. "
                                 f"load_medbanana('/path/to/{name}')), or a Hub dataset id ORG/NAME")
     if constants.HF_HUB_OFFLINE:
         return
@@ -69,7 +70,7 @@ def _check_hub_id(name: str, revision: str | None) -> None:
     try:
         api.dataset_info(name, revision=revision, timeout=HUB_TIMEOUT)
     except RepositoryNotFoundError:
-        raise FileNotFoundError(f"{name!r} is {here}, nor a dataset on {api.endpoint} (or one this token may not "
+        raise NotFound(f"{name!r} is {here}, nor a dataset on {api.endpoint} (or one this token may not "
                                 "read)") from None
     except Exception as exc:  # anything else the Hub answers (a gated dataset, a 5xx) is datasets' to tell
         if unreachable(exc):
@@ -112,33 +113,33 @@ def written_as_path(name: str) -> bool:
 
 
 def _load_folder(folder: Path, config: str, split, streaming: bool, load_kwargs: dict):
-    """A local folder's config from its own shards alone (builder/dataset_folder.py): the card is checked, never
+    """A local folder's config from its own shards alone (generation/dataset/folder.py): the card is checked, never
     followed."""
     if "data_files" in load_kwargs:
-        raise ValueError("load_medbanana reads a dataset folder's own parquet files: pass split=, not data_files=")
+        raise UsageError("load_medbanana reads a dataset folder's own parquet files: pass split=, not data_files=")
     _check_built_folder(folder)
     read_card(folder)
     files = shard_files(folder, config, CONFIG_FEATURES[config])
     if not files:
         if config == REVIEW_CONFIG:
-            raise ValueError(f"{folder} has no {config} config: build it with `medbanana build ... --reviews "
+            raise UsageError(f"{folder} has no {config} config: build it with `medbanana build ... --reviews "
                              "REVIEW_DIR` (answers of `medbanana review`)")
-        raise ValueError(f"{folder} has no {config} parquet files ({config}/<split>-00000-of-0000n.parquet): not a "
+        raise UsageError(f"{folder} has no {config} parquet files ({config}/<split>-00000-of-0000n.parquet): not a "
                          "folder written by `medbanana build`, or one built without that config")
     if split is not None and split not in files:
-        raise ValueError(f"{folder} has no {split!r} split of {config} (it has {', '.join(sorted(files))})")
+        raise UsageError(f"{folder} has no {split!r} split of {config} (it has {', '.join(sorted(files))})")
     try:  # the parquet builder: no card, no `.huggingface.yaml`, no `dataset_infos.json` takes part
         return datasets.load_dataset("parquet", data_files=files, split=split, streaming=streaming, **load_kwargs)
     except datasets.exceptions.DatasetsError as exc:  # e.g. shards whose schemas disagree
-        raise ValueError(f"{folder / config}: its parquet files cannot be loaded together ({exc})") from None
+        raise UsageError(f"{folder / config}: its parquet files cannot be loaded together ({exc})") from None
 
 
 def _check_built_folder(folder: Path) -> None:
     if (folder / layout.RUN_CONFIG).is_file() or layout.find_output_dirs(folder):
-        raise ValueError(f"{folder} is a run directory, not a built dataset; build it first: "
+        raise UsageError(f"{folder} is a run directory, not a built dataset; build it first: "
                          f"medbanana build {folder} --out DATASET_DIR, then load DATASET_DIR")
     if not (folder / CARD).is_file():
-        raise ValueError(f"{folder} has no {CARD}: not a folder written by `medbanana build`")
+        raise UsageError(f"{folder} has no {CARD}: not a folder written by `medbanana build`")
 
 
 def _check_columns(ds, config: str, where) -> None:
@@ -147,5 +148,5 @@ def _check_columns(ds, config: str, where) -> None:
     for part in parts:
         missing = expected - set(part.features or {})
         if missing:
-            raise ValueError(f"{where} ({config}) lacks the columns {', '.join(sorted(missing))}: not a medbanana {config} "
+            raise UsageError(f"{where} ({config}) lacks the columns {', '.join(sorted(missing))}: not a medbanana {config} "
                              "config, or one written by an older medbanana; rebuild it with `medbanana build`")

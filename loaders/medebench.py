@@ -29,13 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..builder.output import (BuildError, check_placement, finish_interrupted_swap, move_into_place, output_lock,
+from ..generation.dataset.output import (BuildError, check_placement, finish_interrupted_swap, move_into_place, output_lock,
                               remove_stale_staging)
-from ..builder.rows import canonical_instruction  # the one-sentence task, as dpo_pairs' `prompt`
+from ..generation.taxonomy import canonical_instruction  # the one-sentence task, as dpo_pairs' `prompt`
 from ..generation.files import atomic_write_text
 from ..generation.mask_check import check_mask
 from ..generation.records import decode_rgb, open_image
 from ..generation.rundir.layout import inside
+from ..generation.failures import UsageError
 
 FOLDER = "editing"  # MedEBench's folder under its repository root; --out plays that root
 METADATA = "editing_metadata.json"
@@ -102,7 +103,7 @@ def _write_and_publish(rows, out: Path, target: Path, dataset: Path, progress, w
         summary.folder = target
         if not summary.exported:
             reasons = "; ".join(f"{len(uids)} {reason}" for reason, uids in summary.skipped.items())
-            raise ValueError(f"nothing to export: all {summary.rows} sft rows of {dataset} were skipped "
+            raise UsageError(f"nothing to export: all {summary.rows} sft rows of {dataset} were skipped "
                              f"({reasons or 'the dataset has none'})")
         move_into_place(staging, target, remove=shutil.rmtree)  # editing/ is the export's alone: removed whole
     finally:
@@ -113,8 +114,8 @@ def _write_and_publish(rows, out: Path, target: Path, dataset: Path, progress, w
 
 def check_split(dataset: Path, split: str | None) -> None:
     """A split DATASET's sft config does not have is refused here, with what it has and how to get a test split."""
-    from ..builder.dataset_folder import shard_files
-    from ..builder.features import CONFIG_FEATURES
+    from ..generation.dataset.folder import shard_files
+    from ..generation.dataset.features import CONFIG_FEATURES
 
     have = sorted(shard_files(dataset, "sft", CONFIG_FEATURES["sft"])) if dataset.is_dir() else []
     if split is None or not have or split in have:
@@ -226,7 +227,7 @@ def _decoded(source: bytes, edited: bytes, mask: bytes, column: str) -> tuple:
     previous, changed = _pixels(source, "source image"), _pixels(edited, "edited image")
     problem, levels = check_mask(mask, changed.size if column == "edit_mask" else previous.size)
     if problem is not None:  # by kind: the reasons rows are counted under
-        raise ValueError(f"unusable {column}: {problem.kind}")
+        raise UsageError(f"unusable {column}: {problem.kind}")
     roi = Image.fromarray(levels, mode="L")
     if roi.size != previous.size:  # an edit mask is the edit's size; MedEBench's previous_mask is the input's
         roi = roi.resize(previous.size, Image.NEAREST)
@@ -250,7 +251,7 @@ def _pixels(data: bytes, what: str):
                 return im.copy()
         return Image.fromarray(decode_rgb(data))
     except (ValueError, OSError, SyntaxError):
-        raise ValueError(f"unreadable {what}") from None
+        raise UsageError(f"unreadable {what}") from None
 
 
 def _sample(sample_id: int, row: dict, split: str, roi: str) -> dict:

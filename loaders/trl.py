@@ -25,6 +25,7 @@ from datasets import Features, Image, IterableDataset, List, Value
 
 from ..generation.prompts import JudgeAnswer, judge_prompt, writer_prompt
 from ..generation.records import Attempt, Instruction, Task, Verdict
+from ..generation.failures import UsageError
 
 MESSAGES = List({"role": Value("string"), "content": Value("string")})
 _ATTACH_HINT = ("source images of released data are not redistributable: attach yours with "
@@ -88,7 +89,7 @@ def to_judge_sft(example: dict, *, max_side: int | None = None, as_messages: boo
     edited = _image(example, "edited_image", max_side, "this attempt has no edited image; drop such rows first")
     answer = {field: example.get(field) for field in JudgeAnswer.model_fields}
     if answer["qualified"] is None:
-        raise ValueError("this row has no verdict (qualified is null); drop unjudged rows first")
+        raise UsageError("this row has no verdict (qualified is null); drop unjudged rows first")
     completion = json.dumps({k: v for k, v in answer.items() if v is not None}, ensure_ascii=False)
     prompt = [{"role": "user", "content": judge_prompt(_task(example), _text(example, "instruction"))}]
     answer_turn = [{"role": "assistant", "content": completion}]
@@ -129,7 +130,7 @@ def to_diffusion_dpo(example: dict, *, max_side: int | None = None, prompt: str 
     ValueError: rejected_image is missing: the editor produced no image for the rejected instruction; drop such...
     """
     if prompt not in ("task", "chosen"):
-        raise ValueError(f"prompt is 'task' or 'chosen', not {prompt!r}")
+        raise UsageError(f"prompt is 'task' or 'chosen', not {prompt!r}")
     refused = ("the editor produced no image for the rejected instruction; drop such rows first: "
                'ds.filter(lambda image: image is not None, input_columns=["rejected_image"])')
     return {"original_image": _image(example, "source_image", max_side, _ATTACH_HINT),
@@ -161,7 +162,7 @@ def output_features(converter: Callable, **kwargs) -> Features:
     if converter is to_diffusion_dpo:
         return Features({"original_image": Image(), "edit_prompt": Value("string"), "chosen_image": Image(),
                          "rejected_image": Image()})
-    raise ValueError(f"not a medbanana converter: {converter!r}")
+    raise UsageError(f"not a medbanana converter: {converter!r}")
 
 
 def convert(ds, converter: Callable, **kwargs):
@@ -171,12 +172,12 @@ def convert(ds, converter: Callable, **kwargs):
     except `num_proc`, which goes to `map`.
     """
     if converter not in NEEDS:
-        raise ValueError(f"not a medbanana converter: {converter!r}")
+        raise UsageError(f"not a medbanana converter: {converter!r}")
     config, needed = NEEDS[converter]
     features = ds.features or {}
     missing = [column for column in needed if column not in features]
     if missing:
-        raise ValueError(f"{converter.__name__} needs the {config} config (missing columns: {', '.join(missing)})")
+        raise UsageError(f"{converter.__name__} needs the {config} config (missing columns: {', '.join(missing)})")
     for name, feature in features.items():
         if isinstance(feature, Image) and feature.decode:
             ds = ds.cast_column(name, Image(decode=False))
@@ -208,7 +209,7 @@ def _attempt(item: dict) -> Attempt:
 def _text(example: dict, column: str) -> str:
     value = example.get(column)
     if not value:
-        raise ValueError(f"{column} is missing in this row (an image-only release has no instructions or "
+        raise UsageError(f"{column} is missing in this row (an image-only release has no instructions or "
                          "verdicts); such rows cannot be converted")
     return value
 
@@ -252,4 +253,4 @@ def _open(value):
         return PILImage.open(io.BytesIO(value["bytes"]))
     if isinstance(value, dict) and value.get("path"):
         return PILImage.open(value["path"])
-    raise ValueError(f"not an image: {type(value).__name__}")
+    raise UsageError(f"not an image: {type(value).__name__}")

@@ -27,8 +27,10 @@ import tempfile
 import time
 from importlib import resources
 
+from ..generation.dataset.review_folder import MAX_REASON, Answer, ReviewItem
 from ..generation.extras import require
-from .store import MAX_RATER_NAME, MAX_REASON, Answer, NotGiven, ReviewItem, ReviewStore, check_rater_name
+from .store import MAX_RATER_NAME, NotGiven, ReviewStore, check_rater_name
+from ..generation.failures import EXIT_OK, UsageError
 
 YES_NO = ("Yes", "No")
 RUBRIC_QUESTIONS = (  # Answer field -> the question, in the judge rubric's order; `qualified` last
@@ -336,7 +338,7 @@ def _serve_page(store: ReviewStore, host: str, port: int, cache: str) -> int:
                     mcp_server=False, enable_monitoring=False, css=CSS, js=ZOOM_JS, auth_dependency=refuse_uploads)
     except OSError as exc:  # the port is taken, or the host is not this machine's
         reason = "the port is in use" if "empty port" in str(exc) else str(exc)
-        raise ValueError(f"cannot serve on {host}:{port}: {reason}; choose another --port") from exc
+        raise UsageError(f"cannot serve on {host}:{port}: {reason}; choose another --port") from exc
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     print(f"Review {store.folder} ({settings.mode}, {len(store.items())} items, {settings.raters_per_item} raters "
           f"per item) is served at:\n\n    http://{shown_host}:{port}/\n\n"
@@ -349,4 +351,4 @@ def _serve_page(store: ReviewStore, host: str, port: int, cache: str) -> int:
         print(f"stopped: every answer given is saved in {store.path}", flush=True)
     finally:
         page.close()
-    return 0
+    return EXIT_OK

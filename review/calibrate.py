@@ -4,7 +4,7 @@ The candidate rules form a chain fixed before any label is read: every score lev
 first), or the booleans' chain (qualified, then all three optional rubric booleans, then fewer). For each, the
 edits it would accept are each task's first attempt that passes it: the build's accepted edits under that rule.
 Its labelled ones are a random sample of them (the calibration sample is drawn from every judged attempt), so the
-experts' approvals among them test "precision < P" exactly (builder/guarantee.py); Learn-then-Test's fixed
+experts' approvals among them test "precision < P" exactly (generation/guarantee.py); Learn-then-Test's fixed
 sequence keeps, among the rules rejected before the first that is not, the one of largest yield. Per modality,
 each modality has its own chain at delta / M. A candidate whose labelled accepted edits are too few to pass even
 if all were approved is passed over (that depends on the sample, not on the labels).
@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..builder.guarantee import (StratumCount, clopper_pearson_lower, labels_needed, min_labels, precision_p_value,
+from ..generation.guarantee import (StratumCount, clopper_pearson_lower, labels_needed, min_labels, precision_p_value,
                                  stratified_lower_bound, stratified_p_value)
 from ..evaluation.agreement import cohen_kappa
 from ..generation.acceptance import (OPTIONAL_DIMENSIONS, POLICY_FORMAT, POLICY_VERSION, AcceptanceRule, Criterion,
@@ -31,12 +31,14 @@ from ..generation.acceptance import (OPTIONAL_DIMENSIONS, POLICY_FORMAT, POLICY_
 from ..generation.records import VERDICT_BOOLEANS, as_bool, rubric_score
 from .judged import ExpertLabel, JudgedAttempt, JudgedTask, sample_check
 from .reliability import bootstrap_interval
+from ..generation.failures import NotFound, UsageError
+from ..generation.files import read_user_text
 
 FAMILIES = ("score", "booleans")
 POOLED = "all modalities"
 
 
-class TooFewLabels(ValueError):
+class TooFewLabels(UsageError):
     """No rule passes: the message says how many more labels would be needed (exit 2)."""
 
 
@@ -48,7 +50,7 @@ def candidates(family: str, tasks: list[JudgedTask]) -> list[Criterion]:
         return [Criterion("score", threshold=level) for level in sorted(levels, reverse=True)]
     if family == "booleans":
         return [Criterion("qualified"), *(Criterion("all", required=OPTIONAL_DIMENSIONS[:k]) for k in (3, 2, 1, 0))]
-    raise ValueError(f"--rule is one of {', '.join(FAMILIES)}, not {family!r}")
+    raise UsageError(f"--rule is one of {', '.join(FAMILIES)}, not {family!r}")
 
 
 def accepted_edits(tasks: list[JudgedTask], rule: Criterion | AcceptanceRule) -> dict[str, JudgedAttempt]:
@@ -139,16 +141,16 @@ def calibrate(tasks: list[JudgedTask], labels: list[ExpertLabel], *, target: flo
               bootstrap: int = 2000, seed: int = 0) -> dict:
     """The policy (what POLICY.json holds); TooFewLabels when no rule passes for any group."""
     if not 0 < target < 1:
-        raise ValueError(f"--target-precision is a share between 0 and 1 (exclusive), not {target}")
+        raise UsageError(f"--target-precision is a share between 0 and 1 (exclusive), not {target}")
     if not 0 < delta < 1:
-        raise ValueError(f"--delta is a probability between 0 and 1 (exclusive), not {delta}")
+        raise UsageError(f"--delta is a probability between 0 and 1 (exclusive), not {delta}")
     if band < 0:
-        raise ValueError(f"--band is a number of neighbouring rules, 0 or more, not {band}")
+        raise UsageError(f"--band is a number of neighbouring rules, 0 or more, not {band}")
     judged = {a.id: (t, a) for t in tasks for a in t.attempts}
     matched = {label.id: label for label in labels if label.id in judged}
     if not matched:
         example = f" (e.g. {labels[0].id!r})" if labels else ""
-        raise ValueError(f"none of the {len(labels)} labelled ids is a judged attempt of the source{example}: "
+        raise UsageError(f"none of the {len(labels)} labelled ids is a judged attempt of the source{example}: "
                          "were the labels drawn from it?")
     is_sample, sample_note = sample_check(list(matched.values()), tasks)
     weights = {label.inclusion_probability for label in matched.values()}
@@ -280,10 +282,10 @@ def read_repeats(path: Path) -> dict[str, list[dict]]:
     """`judge-agreement --repeats K`'s verdicts.jsonl: id -> its repeated verdicts' booleans."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--repeated-verdicts: not found: {path} (the verdicts.jsonl `medbanana judge-agreement "
+        raise NotFound(f"--repeated-verdicts: not found: {path} (the verdicts.jsonl `medbanana judge-agreement "
                                 "--repeats K` writes)")
     found: dict[str, list[dict]] = {}
-    for line_no, line in enumerate(path.open(encoding="utf-8"), 1):
+    for line_no, line in enumerate(read_user_text(path, "--repeated-verdicts ").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -291,7 +293,7 @@ def read_repeats(path: Path) -> dict[str, list[dict]]:
             repeats = [r for r in entry.get("repeats") or [] if isinstance(r, dict)]
             found[str(entry["id"])] = repeats
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{path}:{line_no}: not a line of judge-agreement's verdicts.jsonl") from None
+            raise UsageError(f"{path}:{line_no}: not a line of judge-agreement's verdicts.jsonl") from None
     return found
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..generation.files import atomic_write_text
 from ..generation.vocabulary import old_spelling
+from ..generation.failures import EXIT_OK, UsageError
 
 DEFAULT_DELTA = 0.1
 DEFAULT_BOOTSTRAP = 2000
@@ -95,7 +96,7 @@ def run_calibrate(args) -> int:
     source = args.run or args.dataset
     labels = read_labels(args.labels)
     if not labels:
-        raise ValueError(f"{args.labels}: no labelled edit")
+        raise UsageError(f"{args.labels}: no labelled edit")
     tasks = judged_tasks(source)
     repeats = read_repeats(args.repeated_verdicts) if args.repeated_verdicts else None
     policy = calibrate(tasks, labels, target=args.target_precision, delta=args.delta, family=args.rule,
@@ -104,7 +105,7 @@ def run_calibrate(args) -> int:
     policy["source"] = {"run" if args.run else "dataset": str(Path(source).resolve())}
     atomic_write_text(args.out, json.dumps(policy, indent=2) + "\n")
     print_summary(policy, source, args.out)
-    return 0
+    return EXIT_OK
 
 
 def print_summary(policy: dict, source: Path, out: Path) -> None:

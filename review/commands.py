@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..builder.review_folder import DB_NAME, MODES  # the store itself is imported when a form needs it
+from ..generation.dataset.review_folder import DB_NAME, MODES  # the store itself is imported when a form needs it
+from ..generation.failures import EXIT_OK, NotFound, UsageError
+from ..generation.files import read_user_text
 
 DEFAULT_ITEMS = 100
 DEFAULT_RATERS = 2
@@ -147,27 +149,27 @@ def run_review(args) -> int:
     words = args.words
     if words[0] in VERBS:
         if len(words) != 2:
-            raise ValueError(f"usage: medbanana review {words[0]} REVIEW_DIR --out PATH (one review folder)")
+            raise UsageError(f"usage: medbanana review {words[0]} REVIEW_DIR --out PATH (one review folder)")
         _refuse_options(args, words[0])
         if args.out is None:
-            raise ValueError(f"medbanana review {words[0]} needs --out")
+            raise UsageError(f"medbanana review {words[0]} needs --out")
         return run_export(args, Path(words[1])) if words[0] == "export" else run_report(args, Path(words[1]))
     if len(words) != 1:
-        raise ValueError(f"expected one SOURCE or REVIEW_DIR, got {' '.join(words)} (export and report come first: "
+        raise UsageError(f"expected one SOURCE or REVIEW_DIR, got {' '.join(words)} (export and report come first: "
                          "`medbanana review export REVIEW_DIR --out labels.csv`)")
     target = Path(words[0])
     is_review = (target / DB_NAME).is_file()
     if args.out is None:
         if not is_review:
             what = "is not a review folder (no review.sqlite)" if target.exists() else "does not exist"
-            raise FileNotFoundError(f"{target} {what}; to create a review from a dataset or run, give --out "
+            raise NotFound(f"{target} {what}; to create a review from a dataset or run, give --out "
                                     "REVIEW_DIR")
         _refuse_options(args, "serve")
         from .store import ReviewStore
 
         return _serve(ReviewStore.open(target), args)
     if is_review:
-        raise ValueError(f"{target} is a review folder, not a dataset or run: serve it with `medbanana review "
+        raise UsageError(f"{target} is a review folder, not a dataset or run: serve it with `medbanana review "
                          f"{target}` (without --out)")
     _refuse_options(args, "create")
     return run_create(args, target)
@@ -178,7 +180,7 @@ def _refuse_options(args, form: str) -> None:
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         hint = " (options of creating a review are fixed when it is created)" if form == "serve" else ""
-        raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to {FORM_NAMES[form]}{hint}")
+        raise UsageError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to {FORM_NAMES[form]}{hint}")
 
 
 def run_create(args, source: Path) -> int:
@@ -191,7 +193,7 @@ def run_create(args, source: Path) -> int:
     only = None
     if args.only is not None:
         if args.calibration or args.items is not None:
-            raise ValueError("--only reviews exactly the edits it lists: leave out --calibration and --items")
+            raise UsageError("--only reviews exactly the edits it lists: leave out --calibration and --items")
         only = listed_ids(args.only)
     store = create_review(source, args.out, mode=args.mode or "rubric",
                           items=len(only) if only else DEFAULT_ITEMS if args.items is None else args.items,
@@ -209,11 +211,11 @@ def run_create(args, source: Path) -> int:
               "(0.5: indistinguishable)")
     if args.no_serve:
         print(f"serve it with: medbanana review {args.out}")
-        return 0
+        return EXIT_OK
     try:
         return _serve(store, args)
     except ValueError as exc:  # e.g. the port is taken: the review exists now, so creating it again would fail
-        raise ValueError(f"{exc} (the review is created: serve it with `medbanana review {args.out} --port P`)") \
+        raise UsageError(f"{exc} (the review is created: serve it with `medbanana review {args.out} --port P`)") \
             from exc
 
 
@@ -222,8 +224,8 @@ def listed_ids(path: Path) -> set[str]:
     import csv
 
     if not Path(path).is_file():
-        raise FileNotFoundError(f"--only: not found: {path}")
-    text = Path(path).read_text(encoding="utf-8-sig")
+        raise NotFound(f"--only: not found: {path}")
+    text = read_user_text(path, "--only ")
     if Path(path).suffix.lower() == ".json":
         from ..generation.acceptance import read_policy
 
@@ -231,12 +233,12 @@ def listed_ids(path: Path) -> set[str]:
     elif Path(path).suffix.lower() == ".csv":
         rows = list(csv.DictReader(text.splitlines()))
         if rows and "id" not in rows[0]:
-            raise ValueError(f"--only {path}: a CSV of edits needs an id column")
+            raise UsageError(f"--only {path}: a CSV of edits needs an id column")
         ids = {row["id"].strip() for row in rows if (row.get("id") or "").strip()}
     else:
         ids = {line.strip() for line in text.splitlines() if line.strip()}
     if not ids:
-        raise ValueError(f"--only {path}: lists no edit")
+        raise UsageError(f"--only {path}: lists no edit")
     return ids
 
 
@@ -256,7 +258,7 @@ def run_export(args, folder: Path) -> int:
     if summary.get("left_out_qualified_tie"):
         print(f"left out {summary['left_out_qualified_tie']} edit(s) whose raters tie on qualified")
     print(f"compare with the judge: medbanana judge-agreement SOURCE --out DIR --human {args.out}")
-    return 0
+    return EXIT_OK
 
 
 def run_report(args, folder: Path) -> int:
@@ -265,4 +267,4 @@ def run_report(args, folder: Path) -> int:
     report = write_report(folder, args.out, bootstrap=DEFAULT_BOOTSTRAP if args.bootstrap is None else args.bootstrap,
                           seed=0 if args.seed is None else args.seed)
     print(f"wrote {report}")
-    return 0
+    return EXIT_OK

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from ..generation.files import atomic_write_text
 from ..generation.records import VERDICT_BOOLEANS
-from ..builder.review_folder import IN_TURNS
+from ..generation.dataset.review_folder import IN_TURNS, StoredAnswer
 from .reliability import majority
-from .store import ReviewStore, StoredAnswer, check_rater_name
+from .store import ReviewStore, check_rater_name
+from ..generation.failures import UsageError
 
 # `sample` and after: how the item was drawn (calibrate's inputs: its inclusion probability and stratum size in a
 # calibration sample, empty otherwise)
@@ -41,17 +42,17 @@ def export_labels(folder: Path, out_csv: Path, rater: str | None = None) -> dict
     store = ReviewStore.open(folder)
     settings = store.settings
     if settings.mode != "rubric":
-        raise ValueError(f"{folder} is a {settings.mode} review: its answers (real or edited?) are not judge labels, "
+        raise UsageError(f"{folder} is a {settings.mode} review: its answers (real or edited?) are not judge labels, "
                          "so there is nothing for judge-agreement --human; `medbanana review report` summarises them")
     answers = store.answers()
     if not answers:
-        raise ValueError(f"{folder}: no answers yet, nothing to export (raters answer at `medbanana review {folder}`)")
+        raise UsageError(f"{folder}: no answers yet, nothing to export (raters answer at `medbanana review {folder}`)")
     if rater is not None:
         rater = check_rater_name(rater)
         everyone = sorted({a.rater for a in answers})
         answers = [a for a in answers if a.rater == rater]
         if not answers:
-            raise ValueError(f"{folder}: rater {rater!r} answered nothing here; raters: {', '.join(everyone)}")
+            raise UsageError(f"{folder}: rater {rater!r} answered nothing here; raters: {', '.join(everyone)}")
     by_item: dict[str, list[StoredAnswer]] = defaultdict(list)
     for answer in answers:
         by_item[answer.item_id].append(answer)

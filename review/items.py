@@ -17,13 +17,16 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 
-from ..builder.rows import canonical_prompt
-from ..evaluation.inputs import Sample, image_bytes, input_kind, open_samples, recorded_sources
+from ..generation.taxonomy import canonical_prompt
+from ..evaluation.inputs import Sample, image_bytes, open_samples, recorded_sources
+from ..generation.dataset.inputs import input_kind
 from ..generation.records import decode_rgb
 from ..generation.rundir import layout
-from ..builder.review_folder import CALIBRATION, ESCALATION, IN_TURNS
+from ..generation.dataset.review_folder import (CALIBRATION, ESCALATION, IMAGES, IN_TURNS, MODES, ReviewItem, ReviewSettings,
+                                                image_name)
 from .blinding import blind_instruction, leakage_warning, round_leakage, round_of
-from .store import IMAGES, MODES, ReviewItem, ReviewSettings, ReviewStore, image_name, refuse_existing
+from .store import ReviewStore, refuse_existing
+from ..generation.failures import NotFound, UsageError
 
 def outcome(sample: Sample) -> str:
     """accepted | rejected | unjudged: the judge's outcome, one of the sampling strata."""
@@ -44,7 +47,7 @@ def read_edits(path: Path, *, source_images: Path | None = None) -> list[Sample]
     of the run (a symlink) is left out, and said so in one line."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such dataset or run directory")
+        raise NotFound(f"{path}: no such dataset or run directory")
     kind = input_kind(path)
     if kind == "manifest":
         samples = open_samples(path)
@@ -69,7 +72,7 @@ def read_edits(path: Path, *, source_images: Path | None = None) -> list[Sample]
         print(f"skipped {len(outside)} edit(s) whose image leads outside {path} (a symlink), e.g. {outside[0]}",
               file=sys.stderr)
     if not usable:
-        raise ValueError(f"{path}: no edit with both its source and edited image to review"
+        raise UsageError(f"{path}: no edit with both its source and edited image to review"
                          + ("" if source_images else " (a dataset built without sources needs --source-images)"))
     return usable
 
@@ -82,7 +85,7 @@ def _confirmed_sources(run: Path) -> Path | None:
         return None  # open_samples says that --source-images is needed
     if _inside(run, Path(recorded)):
         return Path(recorded)
-    raise ValueError(f"{run}: its {layout.RUN_CONFIG} names the sources folder {recorded}, outside the run; "
+    raise UsageError(f"{run}: its {layout.RUN_CONFIG} names the sources folder {recorded}, outside the run; "
                      f"review reads no folder you did not name: confirm it with --source-images {recorded}")
 
 
@@ -107,7 +110,7 @@ def stratified_sample(samples: list[Sample], n: int, seed: int) -> list[Sample]:
     ['m', 'x']
     """
     if n < 1:
-        raise ValueError("--items must be at least 1")
+        raise UsageError("--items must be at least 1")
     rng = random.Random(seed)
     tree: dict = {}
     for sample in sorted(samples, key=lambda s: s.id):
@@ -151,10 +154,10 @@ def calibration_sample(samples: list[Sample], n: int, seed: int) -> tuple[list[S
     (['a', 'a', 'm'], [(0.3333333333333333, 3), (0.3333333333333333, 6)])
     """
     if n < 1:
-        raise ValueError("--items must be at least 1")
+        raise UsageError("--items must be at least 1")
     judged = sorted((s for s in samples if outcome(s) != "unjudged"), key=lambda s: s.id)
     if not judged:
-        raise ValueError("no judged attempt to draw a calibration sample from (no recorded verdict)")
+        raise UsageError("no judged attempt to draw a calibration sample from (no recorded verdict)")
     strata: dict[tuple[str, str], list[Sample]] = {}
     for sample in judged:
         strata.setdefault((sample.modality or "unknown", sample.direction), []).append(sample)
@@ -178,7 +181,7 @@ def listed_edits(samples: list[Sample], ids: set[str]) -> list[Sample]:
     found = [s for s in samples if s.id in ids]
     missing = sorted(ids - {s.id for s in found})
     if missing:
-        raise ValueError(f"--only names {len(missing)} edit(s) that are not in the source with both images, e.g. "
+        raise UsageError(f"--only names {len(missing)} edit(s) that are not in the source with both images, e.g. "
                          f"{missing[0]!r}")
     return found
 
@@ -194,11 +197,11 @@ def make_items(samples: Sequence[Sample], mode: str, folder: Path, seed: int, *,
     from tqdm.auto import tqdm
 
     if mode not in MODES:
-        raise ValueError(f"--mode is one of {', '.join(MODES)}, not {mode!r}")
+        raise UsageError(f"--mode is one of {', '.join(MODES)}, not {mode!r}")
     images = folder / IMAGES
     images.mkdir(parents=True, exist_ok=True)
     if images.is_symlink() or not images.is_dir():
-        raise ValueError(f"{images} is not a folder of the review: its images are never written through a link")
+        raise UsageError(f"{images} is not a folder of the review: its images are never written through a link")
     items: list[ReviewItem] = []
     real_sources: set[str] = set()
     bar = tqdm(samples, desc="preparing review images", unit="edit", dynamic_ncols=True,
@@ -258,9 +261,9 @@ def create_review(source: Path, out: Path, *, mode: str, items: int, raters_per_
     shown instructions still tell the round is measured and kept in its settings (a warning above 0.65).
     `calibration`: a calibration sample (`calibration_sample`); `only`: exactly these edits (escalation)."""
     if raters_per_item < 1:
-        raise ValueError("--raters-per-item must be at least 1")
+        raise UsageError("--raters-per-item must be at least 1")
     if calibration and mode != "rubric" or only is not None and mode != "rubric":
-        raise ValueError("--calibration and --only draw edits for rubric answers (qualified or not): not with "
+        raise UsageError("--calibration and --only draw edits for rubric answers (qualified or not): not with "
                          "--mode realism")
     refuse_existing(out)  # before sampling: the images would be written into another review's folder
     edits, design = read_edits(source, source_images=source_images), None

@@ -9,16 +9,20 @@ as in the labels.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..builder.review_folder import CALIBRATION
-from ..builder.runs import discover_units, read_tasks
+from ..generation.dataset.review_folder import CALIBRATION
+from ..generation.rundir.runs import discover_units, read_tasks
 from ..evaluation.agreement import read_human_labels
-from ..evaluation.inputs import input_kind, sample_id
+from ..evaluation.inputs import sample_id
+from ..generation.dataset.inputs import input_kind
 from ..generation.records import VERDICT_FIELDS, verdict_values
+from ..generation.failures import NotFound, UsageError
+from ..generation.files import read_user_text
 
 
 
@@ -55,14 +59,14 @@ def judged_tasks(source: Path) -> list[JudgedTask]:
     yield). ValueError for anything else, or when nothing is judged."""
     source = Path(source)
     if not source.exists():
-        raise FileNotFoundError(f"{source}: no such dataset or run directory")
+        raise NotFound(f"{source}: no such dataset or run directory")
     kind = input_kind(source)
     if kind == "manifest":
-        raise ValueError(f"{source} is an evaluation samples file: calibrate reads the judge's verdicts of a run "
+        raise UsageError(f"{source} is an evaluation samples file: calibrate reads the judge's verdicts of a run "
                          "(--run) or of a dataset made by `medbanana build` (--dataset)")
     tasks = _dataset_tasks(source) if kind == "dataset" else _run_tasks(source)
     if not any(task.attempts for task in tasks):
-        raise ValueError(f"{source}: no judged attempt (no verdict recorded): nothing to calibrate against")
+        raise UsageError(f"{source}: no judged attempt (no verdict recorded): nothing to calibrate against")
     return sorted(tasks, key=lambda t: t.uid)
 
 
@@ -96,7 +100,7 @@ def _dataset_tasks(folder: Path) -> list[JudgedTask]:
         return tasks
     files = sorted(folder.glob("judge/*.parquet"))
     if not files:
-        raise ValueError(f"{folder}: a dataset without the conversations or judge config holds no verdicts to "
+        raise UsageError(f"{folder}: a dataset without the conversations or judge config holds no verdicts to "
                          "calibrate against; build it with one of them, or give the run (--run)")
     by_uid: dict[str, JudgedTask] = {}
     for file in files:
@@ -123,10 +127,10 @@ def read_labels(path: Path) -> list[ExpertLabel]:
     the sampling columns `sample`, `inclusion_probability` and `stratum_size` where the export has them."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"labels not found: {path} (write them with `medbanana review export`)")
+        raise NotFound(f"labels not found: {path} (write them with `medbanana review export`)")
     labels = read_human_labels(path)
     design: dict[str, dict] = {}
-    with path.open(newline="", encoding="utf-8-sig") as fh:
+    with io.StringIO(read_user_text(path), newline="") as fh:
         for line_no, row in enumerate(csv.DictReader(fh), start=2):
             edit = row["id"] if row.get("id") else f"{row['uid']}#{row['round']}"
             design[edit] = {"sample": (row.get("sample") or "").strip(),
@@ -142,9 +146,9 @@ def _number(text: str | None, kind, where: str):
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"{where}: {text!r} is not a number") from None
+        raise UsageError(f"{where}: {text!r} is not a number") from None
     if not (isinstance(value, int) or math.isfinite(value)) or value <= 0 or (kind is float and value > 1):
-        raise ValueError(f"{where}: {text!r} is out of range")
+        raise UsageError(f"{where}: {text!r} is out of range")
     return value
 
 

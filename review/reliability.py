@@ -5,7 +5,7 @@ agreement is the share of agreeing rater pairs within a unit, averaged over unit
 P-bar; for two raters, the share of units they agree on). Cohen's kappa (two raters) is evaluation/agreement.py's;
 Fleiss' kappa takes an items x categories count table with the same number of raters per item; Krippendorff's alpha
 (nominal, missing labels allowed) is the `krippendorff` package's. Intervals are percentile bootstraps over units,
-seeded. AUROC (Mann-Whitney, ties counted half) is evaluation/separability.py's.
+seeded. AUROC (Mann-Whitney, ties counted half) is evaluation/probe_statistics.py's.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
-from ..evaluation.agreement import cohen_kappa
-from ..evaluation.probe_statistics import auroc
 from ..generation.extras import require
 
-__all__ = ["auroc", "bootstrap_interval", "category_counts", "cohen_kappa", "edited_probability", "fleiss_kappa",
-           "krippendorff_alpha", "majority", "pair_agreement", "percent_agreement", "reliability_matrix"]
+__all__ = ["bootstrap_interval", "category_counts", "edited_probability", "fleiss_kappa", "krippendorff_alpha",
+           "majority", "pair_agreement", "percent_agreement", "reliability_matrix"]
 
 MIN_UNITS_FOR_INTERVAL = 5  # fewer units than this give a bootstrap "interval" that means nothing
 

@@ -20,17 +20,16 @@ from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
-from ..builder.tables import Table
-from ..evaluation.agreement import human_agreement
+from ..generation.tables import Table
+from ..evaluation.agreement import cohen_kappa, human_agreement
 from ..generation.extras import require
 from ..generation.files import atomic_write_text, write_figure
 from ..generation.records import VERDICT_BOOLEANS, as_bool
+from ..evaluation.probe_statistics import auroc
 from .reliability import (
     MIN_UNITS_FOR_INTERVAL,
-    auroc,
     bootstrap_interval,
     category_counts,
-    cohen_kappa,
     edited_probability,
     fleiss_kappa,
     krippendorff_alpha,
@@ -40,8 +39,8 @@ from .reliability import (
     reliability_matrix,
 )
 from .blinding import leakage_warning
-from ..builder.review_folder import CALIBRATION, IN_TURNS
-from .store import ReviewItem, ReviewStore, StoredAnswer
+from ..generation.dataset.review_folder import CALIBRATION, IN_TURNS, ReviewItem, StoredAnswer
+from .store import ReviewStore
 
 NEEDED_FOR = "medbanana review report"
 NO_PAIRS = "no item has two answers"

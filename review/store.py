@@ -22,10 +22,10 @@ import unicodedata
 from dataclasses import asdict
 from pathlib import Path
 
-from ..builder.review_folder import (  # noqa: F401 (the contract's names, for the review stage's modules too)
-    DB_NAME, IMAGES, MAX_REASON, MODES, SCHEMA, Answer, ReviewFolder, ReviewItem, ReviewSettings, StoredAnswer,
-    image_name, item_record)
+from ..generation.dataset.review_folder import (DB_NAME, IMAGES, MAX_REASON, SCHEMA, Answer, ReviewFolder, ReviewItem,
+                                                ReviewSettings, item_record)
 from ..generation.records import VERDICT_BOOLEANS
+from ..generation.failures import UsageError
 
 GUESSES = ("real", "edited")
 CONFIDENCE = range(1, 6)  # 1 = a guess, 5 = certain
@@ -52,13 +52,13 @@ def check_rater_name(name: str) -> str:
     """
     name = unicodedata.normalize("NFC", str(name or "")).strip()
     if not name:
-        raise ValueError("enter your name (or initials) to start")
+        raise UsageError("enter your name (or initials) to start")
     odd = sorted({c for c in name if not (c.isalnum() or c in _NAME_PUNCTUATION)})
     if odd:
-        raise ValueError("a rater name may hold letters, digits, spaces and . - _ ' only, not "
+        raise UsageError("a rater name may hold letters, digits, spaces and . - _ ' only, not "
                          + ", ".join(repr(c) for c in odd))
     if len(name) > MAX_RATER_NAME:
-        raise ValueError(f"a rater name is at most {MAX_RATER_NAME} characters")
+        raise UsageError(f"a rater name is at most {MAX_RATER_NAME} characters")
     return name
 
 
@@ -69,10 +69,10 @@ def refuse_existing(folder: Path) -> None:
     linked = [name for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal", IMAGES)
               if (folder / name).is_symlink()]
     if linked:
-        raise ValueError(f"{folder}/{linked[0]} is a symlink: a review folder's files are never written through one; "
+        raise UsageError(f"{folder}/{linked[0]} is a symlink: a review folder's files are never written through one; "
                          "choose another --out")
     if (folder / DB_NAME).exists():
-        raise ValueError(f"{folder} already holds a review ({DB_NAME}); serve it with `medbanana review "
+        raise UsageError(f"{folder} already holds a review ({DB_NAME}); serve it with `medbanana review "
                          f"{folder}`, or choose another --out")
 
 
@@ -80,19 +80,19 @@ def check_answer(mode: str, answer: Answer) -> None:
     """ValueError naming what is missing or wrong in an answer for this mode (a reason is at most MAX_REASON
     characters)."""
     if len(answer.reason or "") > MAX_REASON:
-        raise ValueError(f"a reason is at most {MAX_REASON:,} characters (this one has {len(answer.reason):,}): "
+        raise UsageError(f"a reason is at most {MAX_REASON:,} characters (this one has {len(answer.reason):,}): "
                          "shorten it; nothing stored")
     if mode == "rubric":
         missing = [name for name in VERDICT_BOOLEANS if getattr(answer, name) is None]
         if missing:
-            raise ValueError(f"answer every question before submitting: {', '.join(missing)}")
+            raise UsageError(f"answer every question before submitting: {', '.join(missing)}")
     elif answer.guess not in GUESSES or answer.confidence not in CONFIDENCE:
-        raise ValueError("answer real or edited, and how sure you are (1-5), before submitting")
+        raise UsageError("answer real or edited, and how sure you are (1-5), before submitting")
 
 
 class ReviewStore(ReviewFolder):
     """The review folder as `medbanana review` uses it: created once, then items assigned and answers stored (its
-    reading, and the tables, are the folder's contract in builder/review_folder.py)."""
+    reading, and the tables, are the folder's contract in generation/dataset/review_folder.py)."""
 
     # ------------------------------------------------------------ creating and opening
 
@@ -102,7 +102,7 @@ class ReviewStore(ReviewFolder):
         store = cls(folder)
         refuse_existing(folder)
         if not items:
-            raise ValueError("the sample is empty: no item to review")
+            raise UsageError("the sample is empty: no item to review")
         store.folder.mkdir(parents=True, exist_ok=True)
         with store._connect(create=True) as db:
             db.executescript(SCHEMA)

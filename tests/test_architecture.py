@@ -15,10 +15,12 @@ BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "gene
         "generation.extras", "generation.failures", "generation.anatomy", "generation.raster",
         "generation.masks", "generation.acceptance", "generation.destinations", "generation.mask_check",
         "generation.interrupts", "generation.pricing", "generation.costs", "generation.geometry",
-        "generation.registration", "generation.vocabulary"}
+        "generation.registration", "generation.vocabulary", "generation.tables", "generation.guarantee",
+        "generation.outcomes"}
 ALLOWED = {
     **{area: BASE for area in BASE},
-    "generation.rundir": BASE,
+    "generation.rundir": BASE,  # the run directory's contract: its names, its writer's files, its readers
+    "generation.dataset": BASE | {"generation.rundir"},  # the dataset and review folders' contracts
     "generation.backends": BASE,
     "generation.sources": BASE | {"generation.rundir"},
     "generation.loop": BASE | {"generation.backends"},
@@ -29,17 +31,18 @@ ALLOWED = {
     # above the stages: a command that spans two of them (generate, then build)
     "demo": BASE | {"generation.commands", "generation.runners", "generation.rundir", "generation.backends",
                     "builder"},
-    "export": BASE | {"builder", "loaders"},  # `medbanana export`: reads built datasets (loaders/medebench.py)
-    "builder": BASE | {"generation.rundir", "package"},
-    "loaders": BASE | {"generation.rundir", "builder"},
-    "medbanana_50k": {"builder"},
-    "evaluation": BASE | {"generation.rundir", "generation.backends", "builder"},
+    "export": BASE | {"generation.dataset", "loaders"},  # `medbanana export`: reads built datasets (loaders/medebench.py)
+    "builder": BASE | {"generation.rundir", "generation.dataset", "package"},
+    "loaders": BASE | {"generation.rundir", "generation.dataset"},
+    # the loading builder: the builder's row iterators over the run readers
+    "medbanana_50k": BASE | {"builder", "generation.rundir", "generation.dataset"},
+    "evaluation": BASE | {"generation.rundir", "generation.dataset", "generation.backends"},
     "dpo": BASE | {"generation.backends", "loaders"},
-    # review: its store writes the folder whose read contract is the builder's (builder/review_folder.py, what
-    # `--reviews` reads); the rest reads datasets and runs through evaluation's inputs and reports with its agreement
-    # helpers
-    "review.store": BASE | {"builder"},
-    "review": BASE | {"generation.rundir", "builder", "evaluation", "review.store"},
+    # review: its store writes the folder whose read contract is generation/dataset/review_folder.py (what
+    # `build --reviews` reads); the rest reads datasets and runs through evaluation's inputs and reports with its
+    # agreement helpers
+    "review.store": BASE | {"generation.dataset"},
+    "review": BASE | {"generation.rundir", "generation.dataset", "evaluation", "review.store"},
 }
 
 
@@ -91,7 +94,7 @@ def package_files() -> list[Path]:
 def test_the_parser_sees_relative_and_absolute_imports(tmp_path):
     runner = ROOT / "generation" / "runners" / "local.py"
     assert "medbanana.generation.loop" in imported_modules(runner)
-    assert "medbanana.generation.rundir.layout" in imported_modules(ROOT / "builder" / "runs.py")
+    assert "medbanana.generation.rundir.layout" in imported_modules(ROOT / "generation" / "rundir" / "runs.py")
 
 
 @pytest.mark.parametrize("path", package_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -102,6 +105,60 @@ def test_imports_run_one_way(path):
     wrong = sorted(m for m in imported_modules(path) if area(m) != mine and area(m) not in ALLOWED[mine]
                    and area(m) != "generation")
     assert not wrong, f"{path.relative_to(ROOT)} ({mine}) imports {wrong}: against the direction in ARCHITECTURE.md"
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a longer loop (Tarjan's strongly connected
+    components of more than one module, or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1 or node in graph.get(node, ()):
+                    found.append(sorted(group))
+    return found
+
+
+def test_the_cycle_finder_finds_loops_of_any_length():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"a"}, "b": set()}) == [["a"]]
+    assert import_cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_imports_itself_round_a_loop():
+    """No file-level import cycle, counting imports made inside functions (a cycle dodged by importing late is
+    still one) and under TYPE_CHECKING."""
+    graph = {module_name(p): imported_modules(p) for p in package_files() + [ROOT / "cli.py"]}
+    graph = {module: {m for m in found if m in graph and m != module} for module, found in graph.items()}
+    assert "medbanana.generation.rundir.readers" in graph["medbanana.generation.rundir.runs"]  # the parser sees them
+    assert not import_cycles(graph), f"modules that import each other: {import_cycles(graph)}"
 
 
 def test_modules_stay_under_400_lines():
@@ -123,3 +180,40 @@ def test_tests_mirror_the_package_folders():
     test_folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
     strays = sorted(str(f) for f in test_folders if f != Path(".") and not (ROOT / f / "__init__.py").exists())
     assert not strays, f"tests/{strays} match no package folder"
+
+
+def _own_and_imported(path: Path) -> tuple[set[str], set[str]]:
+    """The top-level names a module defines, and those it imports (under `if`/`try` too)."""
+    own, imported = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            own |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return own, imported - own
+
+
+def test_names_are_imported_from_their_home():
+    """No re-exports: a name is imported from the module that declares it, not from one that imported it (a
+    package's __init__, its public face, aside)."""
+    files = package_files() + [ROOT / "cli.py"] + sorted((ROOT / "tests").rglob("*.py")) + sorted(
+        (ROOT / "bench").glob("*.py"))
+    names = {module_name(p): _own_and_imported(p) for p in package_files() + [ROOT / "cli.py"]
+             if p.name != "__init__.py"}
+    wrong = []
+    for path in files:
+        module = "" if path.is_relative_to(ROOT / "tests") else module_name(path)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            if source in names:
+                wrong += [f"{path.relative_to(ROOT)}: {a.name} from {source}" for a in node.names
+                          if a.name in names[source][1] and not _is_module(f"{source}.{a.name}")]
+    assert not wrong, f"import these from the module that declares them: {wrong}"

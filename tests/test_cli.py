@@ -4,6 +4,7 @@ import pytest
 
 from medbanana.cli import main
 from medbanana.generation import backends
+from medbanana.generation.failures import NotFound, UsageError
 from medbanana.generation.rundir import layout
 
 
@@ -64,3 +65,36 @@ def test_empty_sources_folder(tmp_path, capsys):
     (tmp_path / "src" / "MIMIC" / "normal").mkdir(parents=True)
     assert main(["generate", "--sources", str(tmp_path / "src"), "--out", str(tmp_path / "run"), "-q"]) == 2
     assert "no source images" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("raised, code", [(UsageError("--diseases Foo: unknown"), 2), (NotFound("no such run"), 2),
+                                          (ValueError("a bug: bad state"), 1), (RuntimeError("a bug too"), 1),
+                                          (FileNotFoundError("a bug naming no file"), 1)])
+def test_only_a_usage_error_is_one_line_every_other_exception_keeps_its_traceback(monkeypatch, capsys, raised, code):
+    """A user's mistake (UsageError) is one line and exit 2; a ValueError, RuntimeError or FileNotFoundError that is
+    not one is a bug: its traceback, exit 1, so that it is not mistaken for the user's."""
+    from medbanana.generation.commands import taxonomy
+
+    def broken():
+        raise raised
+
+    monkeypatch.setattr(taxonomy, "load_taxonomy", broken)
+    assert main(["taxonomy"]) == code
+    err = capsys.readouterr().err
+    if code == 2:
+        assert err == f"medbanana taxonomy: error: {raised}\n"
+    else:
+        assert "Traceback" in err and err.rstrip().endswith(f"{type(raised).__name__}: {raised}")
+
+
+@pytest.mark.parametrize("name, content, said", [
+    ("first.jsonl", b"garbage{\n", "first.jsonl: not JSON lines"),
+    ("later.jsonl", b'{"id": "a"}\n{bad\n', "later.jsonl:2: not a JSON line"),
+    ("list.jsonl", b"[1, 2]\n", "list.jsonl:1: a sample is a JSON object, not list"),
+    ("latin.csv", b"id,source\n\xff\xfe,x\n", "latin.csv: not UTF-8 text")])
+def test_a_malformed_samples_file_is_the_users_mistake_in_one_line(tmp_path, capsys, name, content, said):
+    samples = tmp_path / name
+    samples.write_bytes(content)
+    assert main(["eval", str(samples), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"medbanana eval: error: {samples.parent}/{said}") and err.count("\n") == 1, err

@@ -13,9 +13,10 @@ from paths import ROOT
 
 # modules whose annotations are complete and checked; add a module here once mypy passes on it
 TYPED_MODULES = (
-    "generation.records", "generation.taxonomy", "generation.extras", "generation.secrets", "generation.files",
+    "generation.records", "generation.outcomes", "generation.taxonomy", "generation.extras", "generation.secrets",
+    "generation.files",
     "generation.loop", "generation.rundir.layout", "generation.rundir.lock", "generation.backends.base",
-    "builder.features", "builder.tables",
+    "generation.dataset.features", "generation.tables",
 )
 
 

@@ -100,7 +100,7 @@ def test_the_loading_builder_docstring_example_runs_as_written(demo_run_root, mo
 
 # --- dotted names and file names in prose ------------------------------------------------------------------------
 # How this codebase's prose names code: a dotted name rooted at a stage, with or without backticks and `medbanana.`
-# (generation.rundir.lock.LockHeld, `medbanana.builder.features.CONFIG_FEATURES`); a backticked dotted name rooted at
+# (generation.rundir.lock.LockHeld, `medbanana.generation.dataset.features.CONFIG_FEATURES`); a backticked dotted name rooted at
 # one of our modules or classes (`records.Verdict`, `layout.inside`, `RunStore.journal_attempt`); a file name
 # (`schema.py`, rundir/lock.py, medbanana/demo.py).
 STAGES = ("generation", "builder", "evaluation", "review", "loaders", "dpo")
@@ -315,7 +315,7 @@ def build_json_keys() -> set[str]:
 
 
 def test_the_name_patterns_find_what_the_prose_names():
-    runs = prose(ROOT / "builder" / "runs.py")
+    runs = prose(ROOT / "generation" / "rundir" / "runs.py")
     assert "generation.rundir.layout" in {m[1] for m in STAGE_DOTTED.finditer(runs)}
     assert "layout.inside" in {m[1] for m in BACKTICKED.finditer("written only inside --out (`layout.inside`, links")}
     text = "`generation.layout`, generation.lock.LockHeld, `run_json.nothing`, `RunStore.nothing`, (pipeline.py)"
@@ -323,7 +323,7 @@ def test_the_name_patterns_find_what_the_prose_names():
                                              "RunStore.nothing"}
     assert unresolved_files(text + " rundir/lock.py, medbanana/demo.py, schema.py") == {"pipeline.py"}
     fine = ("`generation.rundir.lock.LockHeld`, `records.Verdict`, `RunStore.journal_attempt`, `layout.inside()`, "
-            "`medbanana.builder.features.CONFIG_FEATURES`, `RunOptions.workers`, `review.sqlite`, `trl.DPOTrainer`, "
+            "`medbanana.generation.dataset.features.CONFIG_FEATURES`, `RunOptions.workers`, `review.sqlite`, `trl.DPOTrainer`, "
             "`medbanana.dpo.RECIPE`, `ds.num_rows`")
     assert unresolved_names(fine, set()) == set()
     assert unknown_words("the Structs of `run_schema`; `run_json` reads `all_conversations.json` into "

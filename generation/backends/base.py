@@ -18,6 +18,7 @@ from typing import Mapping
 
 from ..records import EditedImage, Instruction, SourceImage, Task, Usage, Verdict, Attempt
 from ..secrets import scrub
+from ..failures import UsageError
 
 
 class BackendError(Exception):
@@ -125,7 +126,7 @@ def backend_class(role: str, name: str) -> type:
     """The class of the `role` backend registered as `name`, or named by an import string "package.module:Class"."""
     target = _target(role, name) or (name if ":" in name else None)
     if target is None:
-        raise ValueError(f"no {role} backend named {name!r}; available: {', '.join(available(role))}")
+        raise UsageError(f"no {role} backend named {name!r}; available: {', '.join(available(role))}")
     module_name, _, class_name = target.partition(":")
     module = importlib.import_module(module_name, package=__package__)
     return getattr(module, class_name)

@@ -23,6 +23,7 @@ import numpy as np
 from ..extras import require
 from .base import APIError, Editor
 from ..records import EditedImage, SourceImage, Task, encode_jpeg
+from ..failures import NotFound, UsageError
 
 INSTRUCTION_PIPELINES = ("StableDiffusionInstructPix2PixPipeline", "StableDiffusionXLInstructPix2PixPipeline")
 DTYPES = ("auto", "float16", "bfloat16", "float32")
@@ -49,7 +50,7 @@ def resolve_dtype(dtype: str, device: str):
     """"auto": float16 on a GPU, float32 on the CPU (half precision is slow or unsupported there)."""
     torch, _ = _import_torch_diffusers()
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "float16"
     return getattr(torch, dtype)
@@ -74,7 +75,7 @@ def load_pipeline(model: str, dtype, *, revision: str | None = None, trust_remot
     except (OSError, ValueError) as exc:  # hub errors are OSErrors; a malformed id is a ValueError
         where = ("HF_HUB_OFFLINE is set, so only the local Hugging Face cache was searched" if offline else
                  "it could not be downloaded either")
-        raise FileNotFoundError(
+        raise NotFound(
             f"diffusers model {model!r} is not present locally: it is not a folder, and {where}. Download it "
             f"first (`hf download {model}`) on a machine with access, or pass a local folder; with "
             f"HF_HUB_OFFLINE=1 runs never reach the network. ({type(exc).__name__}: {str(exc)[:300]})") from None
@@ -111,15 +112,15 @@ class DiffusersEditor(Editor):
                  attention_dir: str | Path | None = None):
         self.torch, _ = _import_torch_diffusers()
         if pipeline is None and not model:
-            raise ValueError("the diffusers editor needs --editor-model: a local folder or a Hugging Face id")
+            raise UsageError("the diffusers editor needs --editor-model: a local folder or a Hugging Face id")
         if steps < 1 or batch_size < 1 or resolution < 8:
-            raise ValueError("steps and batch_size must be at least 1, resolution at least 8")
+            raise UsageError("steps and batch_size must be at least 1, resolution at least 8")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         pipeline = pipeline if pipeline is not None else load_pipeline(model, self.dtype)
         kind = type(pipeline).__name__
         if kind not in INSTRUCTION_PIPELINES:
-            raise ValueError(f"{model or kind}: a {kind} does not edit by instruction; the diffusers editor takes "
+            raise UsageError(f"{model or kind}: a {kind} does not edit by instruction; the diffusers editor takes "
                              f"{', '.join(INSTRUCTION_PIPELINES)}")
         self.pipeline = pipeline.to(self.device, self.dtype)
         self.pipeline.set_progress_bar_config(disable=True)

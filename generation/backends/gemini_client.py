@@ -22,6 +22,7 @@ from google.genai import types
 
 from ..destinations import VERTEX_VARIABLE
 from .guard import aiohttp_middlewares, httpx_event_hooks
+from ..failures import UsageError
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"  # the scope the SDK asks ADC for
@@ -31,7 +32,7 @@ def resolve_api_key(api_key: str | None = None, *, required: bool = True) -> str
     """The API key given, else the first of API_KEY_VARIABLES set; ValueError when `required` and there is none."""
     key = (api_key or next((os.environ[v] for v in API_KEY_VARIABLES if os.environ.get(v)), "")).strip()
     if not key and required:
-        raise ValueError(f"no Gemini API key: set {' or '.join(API_KEY_VARIABLES)} to a key from "
+        raise UsageError(f"no Gemini API key: set {' or '.join(API_KEY_VARIABLES)} to a key from "
                          "https://aistudio.google.com/apikey (`generate` also runs on Vertex AI: --vertex)")
     return key or None
 
@@ -79,7 +80,7 @@ class VertexTarget:
         try:
             credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
         except auth_errors.DefaultCredentialsError as exc:
-            raise ValueError(f"Vertex AI needs Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or "
+            raise UsageError(f"Vertex AI needs Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or "
                              f"`gcloud auth application-default login`): {' '.join(str(exc).split())}") from None
         return replace(self, credentials=credentials)
 
@@ -99,7 +100,7 @@ def client_options(api_key: str | None, base_url: str | None, vertex: VertexTarg
         return {"api_key": api_key, "http_options": http_options}
     if vertex.express:
         if not api_key:
-            raise ValueError(f"Vertex AI needs a project (--vertex-project or GOOGLE_CLOUD_PROJECT) or, in express "
+            raise UsageError(f"Vertex AI needs a project (--vertex-project or GOOGLE_CLOUD_PROJECT) or, in express "
                              f"mode, an API key ({' or '.join(API_KEY_VARIABLES)})")
         return {"vertexai": True, "api_key": api_key, "http_options": http_options}
     return {"vertexai": True, "project": vertex.resolved_project, "location": vertex.resolved_location,

@@ -31,8 +31,8 @@ from pydantic import ValidationError
 from .gemini_client import VertexTarget, client_options, resolve_api_key
 from .gemini_wire import InlineData, encode, part_for_key, rest_contents
 from .guard import MAX_ANSWER_BYTES, AnswerRefused, check_text, strings_in
-from .http import CallFailure, RateLimiter, ResponseCache, Transport, classify_common, failure_for_status, \
-    parse_retry_after
+from .http import CallFailure, RateLimiter, Transport, classify_common, failure_for_status, parse_retry_after
+from .response_cache import ResponseCache
 from ..files import open_owned
 from ..secrets import hold, holds_secret, scrub, scrub_model, url_credentials
 

@@ -26,10 +26,11 @@ import pydantic
 
 from .base import APIError
 from .guard import refused_in
-from .response_cache import ResponseCache  # noqa: F401  (the transports' cache, re-exported)
+from .response_cache import ResponseCache
 from ..prompts import reask_note
 from ..records import Usage
 from ..secrets import scrub
+from ..failures import UsageError
 
 # Exception modules of the HTTP stacks the clients may use; their errors are network trouble, worth a retry.
 _TRANSPORT_MODULES = {"httpx", "httpx2", "httpcore", "httpcore2", "aiohttp", "anyio", "h11", "ssl"}
@@ -63,7 +64,7 @@ class RateLimiter:
 
     def __init__(self, rpm: float, clock=time.monotonic):
         if rpm <= 0:
-            raise ValueError(f"rpm must be positive, not {rpm}")
+            raise UsageError(f"rpm must be positive, not {rpm}")
         self.rpm = rpm
         self.interval = 60.0 / rpm
         self._clock = clock
@@ -88,7 +89,7 @@ class TokenLimiter:
 
     def __init__(self, tpm: float, clock=time.monotonic, window: float = 60.0):
         if tpm <= 0:
-            raise ValueError(f"tpm must be positive, not {tpm}")
+            raise UsageError(f"tpm must be positive, not {tpm}")
         self.tpm, self.window, self._clock = tpm, window, clock
         self._used: collections.deque[tuple[float, int]] = collections.deque()
 

@@ -25,10 +25,11 @@ from ..prompts import (WRITER_PROMPTS, JudgeAnswer, clean_instruction, judge_pro
                        parse_verdict_tolerant, verdict_from_answer, writer_prompt)
 from ..records import Attempt, EditedImage, Instruction, SourceImage, Task, Usage, Verdict
 from ..secrets import hold, scrub_model, url_credentials
-from .http import CallFailure, ResponseCache, Transport, ask_until_usable, classify_common, drive, \
-    failure_for_status, parse_retry_after
+from .http import CallFailure, Transport, ask_until_usable, classify_common, drive, failure_for_status, parse_retry_after
+from .response_cache import ResponseCache
+from ..failures import UsageError
 
-__all__ = ["OpenAIJudge", "OpenAITransport", "OpenAIWriter", "parse_verdict_tolerant"]
+__all__ = ["OpenAIJudge", "OpenAITransport", "OpenAIWriter"]
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 NO_KEY = "not-needed"  # the client insists on a key; servers without authentication ignore it
@@ -153,7 +154,7 @@ class _OpenAIBackend:
     def __init__(self, *, model: str, temperature: float | None = None, max_reasks: int = 2,
                  max_tokens: int | None = None, transport: OpenAITransport | None = None, **transport_options):
         if not model:
-            raise ValueError("the openai backend needs a model name (--openai-model, as the server names it)")
+            raise UsageError("the openai backend needs a model name (--openai-model, as the server names it)")
         self.model = model
         self.temperature = temperature
         self.max_reasks = max_reasks
@@ -229,7 +230,7 @@ class OpenAIJudge(_OpenAIBackend, Judge):
         super().__init__(**options)
         formats = {"json_schema": VERDICT_FORMAT, "json_object": {"type": "json_object"}, "none": None}
         if structured_output not in formats:
-            raise ValueError(f"structured_output must be one of {', '.join(formats)}, not {structured_output!r}")
+            raise UsageError(f"structured_output must be one of {', '.join(formats)}, not {structured_output!r}")
         self.response_format = formats[structured_output]
 
     async def judge(self, task: Task, source: SourceImage, edited: EditedImage, instruction: str) -> Verdict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
+from ..failures import UsageError
 
 CACHE_DIR = "medbanana-cache"  # under the run directory, one folder per API backend
 
@@ -128,7 +129,7 @@ class OpenAISettings(_APISettings):
     def role_options(self, role: str, transport) -> dict:
         model = {"writer": self.writer_model, "judge": self.judge_model}[role] or self.model
         if not model:
-            raise ValueError(f"the openai {role} needs a model: --openai-model (or --{role}-model), as the "
+            raise UsageError(f"the openai {role} needs a model: --openai-model (or --{role}-model), as the "
                              f"server at {transport.base_url or 'api.openai.com'} names it")
         return {"model": model, **({"structured_output": self.structured_output} if role == "judge" else {})}
 

@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..failures import EXIT_INCOMPLETE, EXIT_OK, SOURCE_MISSING, TOP, print_reasons, reason_key, top_reasons
+from ..failures import EXIT_INCOMPLETE, EXIT_OK, TOP, print_reasons, reason_key, top_reasons
+from ..outcomes import FailureKind, TaskStatus
 from ..rundir import layout
 
 
@@ -23,7 +24,7 @@ def api_failures(run_dir: Path) -> list[dict]:
 def failure_reasons(run_dir: Path, n: int = TOP) -> tuple[list[tuple[str, int, str]], int]:
     """(the `n` most frequent "kind at step: message" reasons, each with its count and the file its first message
     named, and how many distinct reasons there are)."""
-    messages = [f"{f.get('kind', 'api_error')} at {f.get('step', '?')}: {f.get('error', '')}"
+    messages = [f"{f.get('kind', FailureKind.API_ERROR)} at {f.get('step', '?')}: {f.get('error', '')}"
                 for f in api_failures(run_dir)]
     return top_reasons(messages, n), len({reason_key(m) for m in messages})
 
@@ -39,7 +40,7 @@ def generate_exit_code(summary, stream=None) -> int:
         print(f"medbanana generate: {len(summary.missing_sources):,} api_failed task(s) cannot be retried: their "
               f"source file is gone (first: {summary.missing_sources[0]}); restore it, or end them with "
               f"{retry_command(summary.run_dir)} --drop-missing-sources", file=stream)
-    failed = summary.statuses["api_failed"] - summary.error_kinds[SOURCE_MISSING]
+    failed = summary.statuses[TaskStatus.API_FAILED] - summary.error_kinds[FailureKind.SOURCE_MISSING]
     if not failed:
         return EXIT_OK
     total = sum(summary.statuses.values())

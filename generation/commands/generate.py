@@ -14,25 +14,26 @@ from .options import (add_backend_choice, add_model_options, add_openai_endpoint
                       positive as _positive, workers as _workers)
 from .run_options import RUN_DEFAULTS, ROLES, add_run_options, take_recorded_options
 from .spending import announcer, budget_exit
+from ..failures import EXIT_USAGE
 
 
 def cmd_generate(args) -> int:
     if args.executor != "ray" and (args.shards or args.ray_address or args.ray_gpus_per_shard):
         print("medbanana generate: --shards, --ray-address and --ray-gpus-per-shard go with --executor ray",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.drop_missing_sources and not args.retry_failed:
         print("medbanana generate: --drop-missing-sources ends tasks of a run being retried; give --retry-failed "
               "RUN_DIR with it", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.retry_failed and args.out is not None and Path(args.out).resolve() != Path(args.retry_failed).resolve():
         print(f"medbanana generate: --retry-failed writes into {args.retry_failed}; leave out --out {args.out}",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     out = args.retry_failed or args.out
     if out is None or (args.sources is None and not args.retry_failed):
         print("medbanana generate: --sources and --out are required (or --retry-failed RUN_DIR)", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     with hold_for_command(Path(out), "run directory", create=not args.retry_failed):
         return _generate(args, Path(out))
 
@@ -46,7 +47,7 @@ def _generate(args, out: Path) -> int:
     from ..backends.settings import DiffusersSettings, GeminiSettings, OpenAISettings, SimulatorSettings
     from ..rundir import layout
     from ..runners.generate import BackendSpec, default_backend, generate, run_config
-    from ..runners.local import RunOptions
+    from ..runners.session import RunOptions
     from ..sources.scan import Selection
 
     # a source over --max-pixels is refused and recorded; Pillow's own warning about it would only repeat that
@@ -57,7 +58,7 @@ def _generate(args, out: Path) -> int:
         if sources is None and recorded.get("sources_root") is None:  # else confirm.py asks for the recorded one
             print(f"medbanana generate: {Path(out) / layout.RUN_CONFIG} records no sources folder "
                   f"(sources_root); give --sources", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         take_recorded_options(args, recorded)
     # no backend named by the user or by the run being retried: the offline default (a key in the environment or not)
     defaulted = not (args.backend or any(getattr(args, role) for role in ROLES) or args.vertex or args.vertex_project
@@ -68,7 +69,7 @@ def _generate(args, out: Path) -> int:
     if args.geometry not in GEOMETRY_MODES:  # a recorded value from --retry-failed's run
         print(f"medbanana generate: --geometry {args.geometry!r} is not one of {', '.join(GEOMETRY_MODES)}",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     # a project alone means Vertex AI; so does the SDK's own GOOGLE_GENAI_USE_VERTEXAI, for a gemini role
     named_vertex = bool(args.vertex or args.vertex_project or args.vertex_location)  # naming Gemini on Vertex AI
@@ -77,7 +78,7 @@ def _generate(args, out: Path) -> int:
     if vertex and args.batch:  # Vertex AI batch prediction reads Cloud Storage or BigQuery, not inline requests
         print("medbanana generate: --batch uses the Gemini API's Batch and Files API, which Vertex AI does not "
               "offer: drop --batch or --vertex", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     roles = {role: getattr(args, role) or backend for role in ROLES}
     shared = dict(rpm=args.rpm, timeout=args.timeout, max_attempts=args.max_attempts,
                   retry_base_delay=args.retry_base_delay, image_aware_writer=args.image_aware_writer)
@@ -95,25 +96,25 @@ def _generate(args, out: Path) -> int:
     if args.simulator_drift and roles["editor"] != "simulator":
         print("medbanana generate: --simulator-drift is the offline simulator's editor option; the editor here is "
               f"{roles['editor']}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     from .confirm import refused_destinations  # before anything is opened or sent
 
     if refused := refused_destinations(args, spec, recorded if args.retry_failed else None):
         print(f"medbanana generate: {refused}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     one_process = bool(args.batch or roles["editor"] == "diffusers")
     if args.workers == "auto":
         if args.executor == "ray":
             print("medbanana generate: with --executor ray give --workers N: each shard task reserves N CPUs for "
                   "its N processes", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         from ..runners.processes import auto_workers
 
         args.workers = 1 if one_process else auto_workers(args.concurrency, args.limit)
     if args.workers > 1 and one_process:
         print("medbanana generate: --workers is for API backends; with --batch one process submits everything, "
               "and a diffusers editor would load its model once per worker", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     c2pa = signing_credentials(args.c2pa_cert, args.c2pa_key)
     if isinstance(c2pa, int):
         return c2pa
@@ -149,14 +150,14 @@ def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options, p
     if refused:
         print(f"medbanana generate: --executor ray makes the shards itself and runs them per call; leave out "
               f"{', '.join(refused)}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     from ..extras import require
 
     try:
         require("ray", needed_for="--executor ray", extra="ray")
     except ImportError as exc:
         print(f"medbanana generate: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     import warnings
 
     from ..runners.generate import select_tasks, sent_to
@@ -177,7 +178,7 @@ def _generate_on_ray(args, sources: Path, out: Path, selection, spec, options, p
 
 def signing_credentials(cert: Path | None, key: Path | None):
     """SigningCredentials from the options or the environment, None (no signing), or an exit code after a line on
-    stderr (c2pa-python missing). Bad paths raise SigningError, a ValueError: the CLI prints it as one line."""
+    stderr (c2pa-python missing). Bad paths raise SigningError, a UsageError: the CLI prints it as one line."""
     from ..rundir.signing import SigningCredentials, require_c2pa
 
     credentials = SigningCredentials.from_options(cert, key)
@@ -188,7 +189,7 @@ def signing_credentials(cert: Path | None, key: Path | None):
         except ImportError:
             print("medbanana generate: C2PA signing needs c2pa-python and cryptography: "
                   "pip install 'medbanana[c2pa]'", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     return credentials
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from ..failures import EXIT_OK, EXIT_USAGE
 
 
 def cmd_keys_init(args) -> int:
@@ -14,14 +15,14 @@ def cmd_keys_init(args) -> int:
         files = init_keys(args.dir, name=args.name, organisation=args.organisation, days=args.days, force=args.force)
     except FileExistsError as exc:
         print(f"medbanana keys init: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(f"wrote {files.ca} (the CA: give it to whoever checks the images, and to `verify --c2pa --trust`)\n"
           f"      {files.chain} (--c2pa-cert)\n"
           f"      {files.key} (--c2pa-key; mode 0600, keep it private: it is never copied into a run or a dataset)\n"
           f"signing certificate SHA-256: {files.fingerprint}\n"
           f"sign a run:  medbanana generate ... --c2pa-cert {files.chain} --c2pa-key {files.key}\n"
           f"check it:    medbanana verify DATASET --c2pa --trust {files.ca}")
-    return 0
+    return EXIT_OK
 
 
 def register(sub) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from ..failures import EXIT_OK
 
 
 def register(sub) -> None:
@@ -30,4 +31,4 @@ def cmd_merge(args) -> int:
         if len(shards["merged"]) < shards["of"]:
             print(f"partial: {args.out} holds {len(shards['merged'])} of {shards['of']} shards (--partial); merge the "
                   "others into it later, a dataset built from it says so meanwhile")
-    return 0
+    return EXIT_OK

@@ -7,9 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+from ..records import DEFAULT_CONCURRENCY, DEFAULT_MAX_ROUNDS
 from .options import (add_backend_choice, add_model_options, add_openai_endpoint_options, add_prices_option,
                       add_rate_limits, add_selection_options, add_vertex_options, count)
 from .spending import describe_roles, shown, usd_range
+from ..failures import EXIT_OK, EXIT_USAGE
 
 
 def cmd_plan(args) -> int:
@@ -25,7 +27,7 @@ def cmd_plan(args) -> int:
 
     if args.sources is None:
         print("medbanana plan: --sources is required (the folder `generate --sources` would read)", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     selection = Selection.parse(args.modalities or (), args.diseases or (), args.directions or ())
     named_vertex = bool(args.vertex or args.vertex_project or args.vertex_location)  # as generate decides it
     backend = args.backend or ("gemini" if named_vertex else default_backend())
@@ -51,7 +53,7 @@ def cmd_plan(args) -> int:
         print(json.dumps(plan_json(plan, places), indent=1))
     else:
         print(plan_text(plan, places))
-    return 0
+    return EXIT_OK
 
 
 def plan_json(plan, places: list[dict]) -> dict:
@@ -142,8 +144,10 @@ def register(sub) -> None:
     g = p.add_argument_group("destinations (as generate: where the requests would go)")
     add_vertex_options(g)
     add_openai_endpoint_options(g)
-    p.add_argument("--max-rounds", type=count, default=5, help="rounds per task at most (default 5)")
-    p.add_argument("--concurrency", type=count, default=4, help="tasks in flight at once (default 4)")
+    p.add_argument("--max-rounds", type=count, default=DEFAULT_MAX_ROUNDS,
+                   help=f"rounds per task at most (default {DEFAULT_MAX_ROUNDS})")
+    p.add_argument("--concurrency", type=count, default=DEFAULT_CONCURRENCY,
+                   help=f"tasks in flight at once (default {DEFAULT_CONCURRENCY})")
     add_rate_limits(p)
     p.add_argument("--batch", action="store_true", help="the run would use the Batch API (half price, slow)")
     p.add_argument("--pilot", type=Path, metavar="RUN",

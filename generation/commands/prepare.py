@@ -8,17 +8,17 @@ problem (PrepareError).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from ..destinations import DATA_USE_CLASSES
+from ..destinations import DATA_USE_CLASSES, MANIFEST
 from ..records import DEFAULT_MAX_PIXELS
 from ..sources.adapters import ADAPTERS, UNCERTAIN_POLICIES, AdapterOptions, PrepareError
-from ..sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare
+from ..sources.prepare import REPORT, PrepareOptions, prepare
 from ..sources.preprocess import ASPECTS, ImageOptions
 from ..taxonomy import load_taxonomy
-from ..vocabulary import old_spelling
+from ..vocabulary import DEFAULT_THREADS, old_spelling
+from ..failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 HELP = """\
 Turn a downloaded dataset into the generator's source layout, OUT/{D}/normal/*.jpeg and OUT/{D}/{Disease}/*.jpeg:
@@ -95,7 +95,7 @@ def register(subparsers) -> None:
                    help=f"skip images with more pixels than this, read from the header before decoding (default "
                         f"{DEFAULT_MAX_PIXELS}, as `generate --max-pixels`; Pillow itself refuses more than twice "
                         "its default)")
-    threads = g.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+    threads = g.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
                              help="threads decoding and encoding the images (default: one per CPU, at most 4)")
     old_spelling(g, threads, "--workers")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -114,7 +114,7 @@ def cmd_prepare(args) -> int:
         sections = prepare(args.kind, args.root, args.out, adapter_opts, opts)
     except PrepareError as exc:
         print(f"medbanana prepare: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     total = 0
     for name, section in sections.items():
         if section.get("skipped"):
@@ -132,5 +132,5 @@ def cmd_prepare(args) -> int:
     print(f"sources: {args.out}  report: {args.out / REPORT}  manifest: {args.out / MANIFEST}")
     if not total:
         print("medbanana prepare: nothing was prepared; see the report", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILURE
+    return EXIT_OK

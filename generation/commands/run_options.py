@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..records import DEFAULT_GEOMETRY, GEOMETRY_MODES
+from ..acceptance import DEFAULT_ACCEPT
+from ..records import DEFAULT_CONCURRENCY, DEFAULT_GEOMETRY, DEFAULT_MAX_ROUNDS, GEOMETRY_MODES
 from .options import count
 
 ROLES = ("writer", "editor", "judge")
 # add_run_options' defaults; generate applies them after --retry-failed took the recorded ones
-RUN_DEFAULTS = {"max_rounds": 5, "seed": 0, "accept": "qualified", "geometry": DEFAULT_GEOMETRY}
+RUN_DEFAULTS = {"max_rounds": DEFAULT_MAX_ROUNDS, "seed": 0, "accept": DEFAULT_ACCEPT, "geometry": DEFAULT_GEOMETRY}
 
 
 def _accept(text: str) -> str:
@@ -57,7 +58,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("refinement loop")
     g.add_argument("--max-rounds", type=count, default=RUN_DEFAULTS["max_rounds"],
                    help=f"rounds per task before it counts as failed (default {RUN_DEFAULTS['max_rounds']})")
-    g.add_argument("--concurrency", type=count, default=4, help="tasks in flight at once (default 4)")
+    g.add_argument("--concurrency", type=count, default=DEFAULT_CONCURRENCY,
+                   help=f"tasks in flight at once (default {DEFAULT_CONCURRENCY})")
     g.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"],
                    help=f"run seed; each attempt's seed derives from it (default {RUN_DEFAULTS['seed']})")
     g.add_argument("--accept", type=_accept, default=RUN_DEFAULTS["accept"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..taxonomy import DIRECTIONS, load_taxonomy
+from ..failures import EXIT_OK
 
 
 def cmd_taxonomy(args) -> int:
@@ -13,7 +14,7 @@ def cmd_taxonomy(args) -> int:
             role = "target" if label.edit_target else "label only"
             print(f"  {label.folder:<28} {role:<10} {label.region_text}")
     print(f"{len(tax.labels)} labels, {len(tax.targets)} edit targets, directions: {', '.join(DIRECTIONS)}")
-    return 0
+    return EXIT_OK
 
 
 def register(sub) -> None:

@@ -3,7 +3,7 @@
 ROUND_LINE, TASK_LINE) and checked as the store writes it, before anything is done with any: the names that
 become folders and files (dataset, disease, source id) are plain names, the uid and key follow from them, rounds
 are numbered 1, 2, ..., and each image is the path the layout gives for its task and round, so that no record
-steers a write outside the run. A refusal is a ValueError naming the file, the line and the field.
+steers a write outside the run. A refusal is a UsageError naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import msgspec
 
 from ..files import open_owned
 from ..records import json_bool, task_uid
+from ..outcomes import STATUSES, TaskStatus
 from ..taxonomy import DIRECTIONS
 from . import layout
-from .schema import ROUND_LINE, STATUSES, TASK_LINE, Round, RoundLine, TaskLine, malformed, refusal, shown
+from .schema import ROUND_LINE, TASK_LINE, RoundEntry, RoundLine, TaskLine, malformed, refusal, shown
+from ..failures import UsageError
 
 NAME_MAX = 255  # bytes in one file or folder name (ext4, XFS, Btrfs, NFS): a longer dataset folder cannot be made
 
@@ -56,7 +58,7 @@ def parse_journal(data: bytes, who: str) -> list[JournalLine]:
         try:
             entry = json.loads(raw)
         except UnicodeDecodeError:
-            raise ValueError(f"{where}: not UTF-8 text") from None
+            raise UsageError(f"{where}: not UTF-8 text") from None
         except json.JSONDecodeError:
             continue
         kind = entry.get("type") if isinstance(entry, dict) else None
@@ -76,7 +78,7 @@ def _decoded_line(decoder: msgspec.json.Decoder, raw: bytes, where: str, entry: 
     except msgspec.ValidationError as exc:  # "Expected `str | null`, got `int` - at `$.record.disease`"
         raise malformed(where, exc, entry) from None
     except msgspec.DecodeError as exc:
-        raise ValueError(f"{where}: not valid JSON text ({exc})") from None
+        raise UsageError(f"{where}: not valid JSON text ({exc})") from None
 
 
 def _plain_name(where: str, field: str, value: str | None) -> str:
@@ -99,7 +101,7 @@ def _dataset_name(where: str, field: str, dataset: str | None, direction: str) -
     return dataset
 
 
-def _edited(where: str, at: str, rnd: Round) -> bool:
+def _edited(where: str, at: str, rnd: RoundEntry) -> bool:
     """Whether a round's edit gave an image (`edit_result.success`; None: edited, as the builder reads it)."""
     success = rnd.edit_result.success if rnd.edit_result is not None else None
     edited = True if success is None else json_bool(success)
@@ -156,7 +158,7 @@ def check_task_line(where: str, line: TaskLine) -> None:
     if rec.key != f"{source_id}-{disease}":
         raise refusal(where, "record.key", f"is {'missing' if rec.key is None else shown(rec.key)}, not "
                                             f"{shown(f'{source_id}-{disease}')}")
-    success = rec.status == "success"
+    success = rec.status == TaskStatus.SUCCESS
     last = len(rec.rounds)
     for n, rnd in enumerate(rec.rounds, 1):
         at = f"record.rounds[{n - 1}]"
@@ -178,7 +180,7 @@ def check_task_line(where: str, line: TaskLine) -> None:
     if (rec.final_image or "") != final:
         raise refusal(where, "record.final_image", f"is {shown(rec.final_image)}, not its last round's "
                                                     f"image {final!r}")
-    if (rec.api_failure is not None) != (rec.status == "api_failed"):
+    if (rec.api_failure is not None) != (rec.status == TaskStatus.API_FAILED):
         raise refusal(where, "record.api_failure", f"is {'missing' if rec.api_failure is None else 'present'} "
                                                     f"in a {rec.status} task")
     if rec.api_failure is not None and rec.api_failure.task != rec.key:

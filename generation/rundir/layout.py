@@ -22,12 +22,14 @@ import re
 from pathlib import Path
 
 from ..taxonomy import DIRECTION_FOLDER
+from ..failures import UsageError
 
 PROGRESS = "progress.json"
 API_FAILURES = "api_failures.json"
 FINAL_PROMPTS = "final_prompts.json"
 ALL_CONVERSATIONS = "all_conversations.json"
 FAILED_SUMMARY = "failed_summary.json"
+RECORDS_JSONL = "records.jsonl"  # the paper's §5.2 records, at the top of a run directory (read, never written)
 # Ours, at the run directory's top level.
 JOURNAL = "medbanana-journal.jsonl"
 RUN_CONFIG = "medbanana-run.json"
@@ -112,7 +114,7 @@ def split_task_key(key: str, disease: str) -> str:
     """The source stem of a task key `{stem}-{Disease}`."""
     suffix = f"-{disease}"
     if not key.endswith(suffix):
-        raise ValueError(f"task key {key!r} does not end with -{disease}")
+        raise UsageError(f"task key {key!r} does not end with -{disease}")
     return key[: -len(suffix)]
 
 
@@ -126,7 +128,7 @@ def find_output_dirs(run_dir: Path) -> list[tuple[str, str, Path]]:
     return found
 
 
-class UnsafePath(ValueError):
+class UnsafePath(UsageError):
     """A path named by data (run JSON, a journal, a manifest, a source listing) that leads outside its root, or
     through a symlink that loops or dangles."""
 

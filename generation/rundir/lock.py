@@ -39,9 +39,9 @@ from pathlib import Path
 
 from ..files import UnsafeFile, open_owned
 from ..secrets import scrub
+from ..failures import UsageError
 
 LOCK_NAME = "medbanana.lock"
-EXIT_LOCKED = 75  # sysexits' EX_TEMPFAIL: nothing is wrong with the command, try again when the other one ends
 
 
 class LockHeld(RuntimeError):
@@ -144,7 +144,7 @@ class DirLock:
             who = _holder(fd)
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):  # ENOLCK: no lock service
-                raise RuntimeError(f"cannot lock {self.path} ({exc.strerror}): its file system offers no "
+                raise UsageError(f"cannot lock {self.path} ({exc.strerror}): its file system offers no "
                                    f"locks, so one writer per folder cannot be ensured there") from None
             doing = "written" if self.shared else "used"
             raise LockHeld(f"{self.folder} ({self.what}) is being {doing} by {who}; wait for it to end or stop "
@@ -215,7 +215,7 @@ def lend(lock: DirLock):
     locks it again (the Ray driver holds --out while its shards run, then merges into it). Other processes are
     refused as ever; outside the block, this process is too."""
     if not lock.held or lock.shared:
-        raise ValueError("only an exclusive lock that is held can be lent")
+        raise UsageError("only an exclusive lock that is held can be lent")
     key = lock.path.resolve()
     _LENT[key] = lock
     try:

@@ -26,9 +26,10 @@ from ..files import MISSING, not_regular, same_bytes
 from .journal import journal_lines
 from .lock import hold_lock
 from .store import IDENTITY_KEYS, RunStore
+from ..failures import NotFound, UsageError
 
 
-class MergeConflict(RuntimeError):
+class MergeConflict(UsageError, RuntimeError):
     pass
 
 
@@ -49,7 +50,7 @@ def _regular_file(path: Path, named: str) -> bool:
     a device or a name that cannot be looked up (too long), which merge must never open or link."""
     problem = not_regular(path)
     if problem is not None and problem != MISSING:
-        raise ValueError(f"{named}: {problem}")
+        raise UsageError(f"{named}: {problem}")
     return problem is None
 
 
@@ -77,7 +78,7 @@ def _checked_copies(run_dir: Path, out: Path, where: str, record: schema.Journal
             src = layout.inside(run_dir, rnd.image, named_by=field)
             dst = layout.inside(out, rnd.image, named_by=field)
             if not _regular_file(src, f"{field} ({rnd.image} in the shard)"):
-                raise ValueError(f"{field} ({rnd.image}): no such file in the shard")
+                raise UsageError(f"{field} ({rnd.image}): no such file in the shard")
             _regular_file(dst, f"{field} ({rnd.image} in {out})")
             copies += _mask_copies(run_dir, out, field, rnd.image)
             copies.append((src, dst))
@@ -146,13 +147,13 @@ def shard_coverage(inputs: list[Path], configs: list[dict], out: Path, partial: 
 
 def _run_config(run_dir: Path) -> dict:
     if (config := schema.read_run_config(run_dir, strict=True)) is None:
-        raise FileNotFoundError(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
+        raise NotFound(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
     return config
 
 
 def _merge(inputs: list[Path], out: Path, partial: bool) -> dict:
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+        raise UsageError(f"--out {out} exists and is not a folder")
     configs = [_run_config(run_dir) for run_dir in inputs]
     for run_dir, cfg in zip(inputs[1:], configs[1:]):
         diffs = [k for k in IDENTITY_KEYS if cfg.get(k) != configs[0].get(k)]

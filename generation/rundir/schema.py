@@ -27,6 +27,7 @@ from ..files import MISSING, not_regular, open_owned
 from ..records import VERDICT_COLUMNS, Attempt, Instruction, Usage, Verdict, as_bool, verdict_values
 from ..taxonomy import DIRECTIONS
 from . import layout
+from ..failures import UsageError
 
 Scalar = bool | int | float | str | None
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # rounds: int32 columns
@@ -66,7 +67,10 @@ Verification = msgspec.defstruct(
     module=__name__, gc=False)
 
 
-class Round(msgspec.Struct, gc=False):
+class RoundEntry(msgspec.Struct, gc=False):
+    """An attempt as a run directory stores it: a `rounds` item of `all_conversations.json` (and of a journal line),
+    read leniently; `records.Attempt` is the attempt the loop makes, `task_records.AttemptRecord` the one read back."""
+
     round: Int32 | None = None
     generate_prompt: GeneratePrompt | None = None
     edit_result: EditResult | None = None
@@ -93,7 +97,7 @@ class Conversation(msgspec.Struct, gc=False):
     image: str | None = None
     disease: str | None = None
     status: str | None = None
-    rounds: list[Round] = []
+    rounds: list[RoundEntry] = []
     final_prompt: str | None = None
     # ours
     uid: str | None = None
@@ -109,18 +113,17 @@ class Conversation(msgspec.Struct, gc=False):
     seed: Int64 | None = None
 
 
-class ApiFailure(msgspec.Struct, gc=False):
-    """An `api_failures.json` item."""
+class ApiFailureEntry(msgspec.Struct, gc=False):
+    """An `api_failures.json` item (and a journal task line's `api_failure`): the task it names, then the fields of
+    its `outcomes.ApiFailure` as the original scripts wrote them, read leniently."""
 
     task: str
     step: str | None = None
-    round: int | str | None = None  # read leniently by `runs`, within int32
+    round: int | str | None = None  # read leniently by `readers`, within int32
     error: str | None = None
     disease: str | None = None
     kind: str | None = None  # ours
 
-
-STATUSES = ("success", "failed", "api_failed")  # a task record's `status`
 
 
 class JournalRecord(Conversation, gc=False):
@@ -128,7 +131,7 @@ class JournalRecord(Conversation, gc=False):
 
     key: str | None = None
     final_image_path: str | None = None
-    api_failure: ApiFailure | None = None
+    api_failure: ApiFailureEntry | None = None
     error: dict[str, str | None] | None = None  # an api_failed task's step, kind and message
 
 
@@ -161,12 +164,12 @@ class PaperRecord(msgspec.Struct, gc=False):
 
 
 CONVERSATION = msgspec.json.Decoder(Conversation)  # one entry: files are split into entries by `run_json`
-API_FAILURES = msgspec.json.Decoder(list[ApiFailure])
+API_FAILURES = msgspec.json.Decoder(list[ApiFailureEntry])
 PAPER_RECORD = msgspec.json.Decoder(PaperRecord)
 TASK_LINE = msgspec.json.Decoder(TaskLine)
 
 
-ROUND = msgspec.json.Decoder(Round)
+ROUND = msgspec.json.Decoder(RoundEntry)
 
 
 class RoundLine(msgspec.Struct, gc=False):
@@ -174,7 +177,7 @@ class RoundLine(msgspec.Struct, gc=False):
 
     type: str
     uid: str
-    round: Round
+    round: RoundEntry
 
 
 ROUND_LINE = msgspec.json.Decoder(RoundLine)
@@ -244,15 +247,15 @@ def read_run_config(run_dir: Path, *, strict: bool = False) -> dict | None:
     if (problem := not_regular(path)) is not None:
         if problem == MISSING:
             return None
-        raise ValueError(f"{path}: {problem}")
+        raise UsageError(f"{path}: {problem}")
     with os.fdopen(open_owned(path), "rb") as fh:  # never blocks, should it become a FIFO since the stat
         data = fh.read()
     try:
         config = json.loads(data)
     except ValueError as exc:
-        raise ValueError(f"{path}: not a run configuration, not JSON ({exc})") from None
+        raise UsageError(f"{path}: not a run configuration, not JSON ({exc})") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{path}: not a run configuration, not a JSON object")
+        raise UsageError(f"{path}: not a run configuration, not a JSON object")
     if strict:
         check_run_config(path, config)
     return config
@@ -314,11 +317,11 @@ shown = _REPR.repr
 _STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
-def refusal(where: str, field: str, problem: str) -> ValueError:
-    return ValueError(f"{where}: field '{field}' {problem}")
+def refusal(where: str, field: str, problem: str) -> UsageError:
+    return UsageError(f"{where}: field '{field}' {problem}")
 
 
-def malformed(where: str, exc: msgspec.ValidationError, data) -> ValueError:
+def malformed(where: str, exc: msgspec.ValidationError, data) -> UsageError:
     """A msgspec refusal ("Expected `int` >= 1 - at `$.max_rounds`") as one line naming the field and its value."""
     problem, _, field = str(exc).partition(" - at `$")
     field = field.rstrip("`").lstrip(".")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..extras import require
 from .provenance import IPTC_DST_PREFIX
+from ..failures import UsageError
 
 CERT_ENV, KEY_ENV = "MEDBANANA_C2PA_CERT", "MEDBANANA_C2PA_KEY"
 ASSERTION_LABEL = "org.medbanana.provenance"
@@ -38,7 +39,7 @@ _PEM_ANY = re.compile(r"-----BEGIN [A-Z ]+-----.*?(-----END [A-Z ]+-----|$)", re
 _SIGNING_SETTINGS = {"builder": {"thumbnail": {"enabled": False}}, "verify": {"verify_after_sign": False}}
 
 
-class SigningError(ValueError):
+class SigningError(UsageError):
     """Missing, unreadable or mismatched certificate / key, or c2pa refusing them (one line, never key material)."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..extras import require
 from ..files import atomic_write_bytes
 from .signing import certificate_fingerprint
+from ..failures import UsageError
 
 CA_CERT, CHAIN, KEY = "ca.pem", "signer-chain.pem", "signer.key"
 
@@ -53,7 +54,7 @@ def init_keys(folder: Path, *, name: str = "medbanana signer", organisation: str
         raise FileExistsError(f"{folder} already holds {', '.join(present)}; use another folder or --force to "
                               f"replace them")
     if days < 1:
-        raise ValueError("--days must be at least 1")
+        raise UsageError("--days must be at least 1")
     now = datetime.datetime.now(datetime.timezone.utc)
 
     def subject(common_name: str) -> x509.Name:

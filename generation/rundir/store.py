@@ -30,16 +30,17 @@ from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
 from .journal import open_journal, parse_journal
 from .schema import attempt_from_round, read_run_config
-from ..records import ApiFailure, Attempt, EditedImage, SourceImage, Task, TaskOutcome
-from ..files import (TEMP_NAME, atomic_write_bytes, atomic_write_json, open_append, open_owned,  # noqa: F401
-                     read_jsonl, same_bytes)  # (some re-exported)
+from ..records import Attempt, EditedImage, SourceImage, Task
+from ..outcomes import ApiFailure, TaskOutcome, TaskStatus
+from ..files import TEMP_NAME, atomic_write_bytes, atomic_write_json, open_append, read_jsonl, same_bytes
+from ..failures import UsageError
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
 IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed", "c2pa")
 
 
-class RunConfigMismatch(RuntimeError):
+class RunConfigMismatch(UsageError, RuntimeError):
     """The run directory was started with another configuration."""
 
 
@@ -130,14 +131,14 @@ class RunStore:
                 last_task[uid] = line
                 # A task's record holds all its rounds: an api_failed one resumes after them (`history`), also
                 # where no round line precedes it (a merged run's journal has records only).
-                if record.get("status") == "api_failed":
+                if record.get("status") == TaskStatus.API_FAILED:
                     self.partial[uid] = {r["round"]: r for r in record.get("rounds") or []}
                 else:
                     self.partial.pop(uid, None)
         # A retry killed mid-task left rounds after the api_failed record: any resume continues from them. (After
         # a success or failed record only a second writer could have added rounds; the record stands.)
         self.reopened = {uid for uid, line in last_task.items() if last_round.get(uid, -1) > line
-                         and self.finished[uid]["status"] == "api_failed"}
+                         and self.finished[uid]["status"] == TaskStatus.API_FAILED}
         if self.reopened:
             self.reconciled["continued_tasks"] = len(self.reopened)
 
@@ -323,7 +324,7 @@ class RunStore:
         for (dataset, direction), records in sorted(groups.items()):
             records.sort(key=lambda r: r["uid"])
             out = layout.output_dir(self.run_dir, dataset, direction)
-            judged = [r for r in records if r["status"] in ("success", "failed")]
+            judged = [r for r in records if r["status"] in (TaskStatus.SUCCESS, TaskStatus.FAILED)]
             # a record read back (a resume, a merge) has been checked (journal.py), but the schema's optional fields
             # may be missing from it: read with .get
             atomic_write_json(out / layout.PROGRESS, {r["key"]: r["status"] for r in records})
@@ -333,7 +334,7 @@ class RunStore:
                            "final_prompt": r.get("final_prompt"), "rounds": len(r.get("rounds") or [])}
                 for r in judged})
             atomic_write_json(out / layout.ALL_CONVERSATIONS, {r["key"]: _public(r) for r in records})
-            failed = [r for r in records if r["status"] == "failed"]
+            failed = [r for r in records if r["status"] == TaskStatus.FAILED]
             if failed:
                 atomic_write_json(layout.failed_dir(self.run_dir, dataset, direction) / layout.FAILED_SUMMARY, [
                     {"task": r["key"], "image": r.get("image"), "disease": r["disease"],

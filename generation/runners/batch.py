@@ -28,15 +28,18 @@ from pathlib import Path
 
 from ..backends import APIError
 from ..backends.gemini import Answer, GeminiEditor, GeminiJudge, GeminiWriter, read_answer
-from ..backends.gemini_transport import INLINE_LIMIT, CallFailure, GeminiTransport, Request
+from ..backends.gemini_transport import INLINE_LIMIT, GeminiTransport, Request
+from ..backends.http import CallFailure
 from ..backends.settings import batch_files_dir, remove_batch_files
 from ..files import atomic_write_json
-from ..loop import (BACKEND_STEPS, CheckGeometry, Refinement, RoundFinished, Step, WriteInstruction,
+from ..loop import (BACKEND_STEPS, CheckGeometry, Refinement, StoreAttempt, Step, WriteInstruction,
                     acceptance_policy, advance, refinement)
-from ..records import SourceImage, Task, TaskOutcome
+from ..records import SourceImage, Task
+from ..outcomes import TaskOutcome
 from .budget import Ledger, answer_usage
 from .local import read_source, source_error
 from .session import RunOptions, RunSession, RunSummary
+from ..failures import UsageError
 
 JOBS_FILE = "medbanana-batches.json"
 DONE_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED",
@@ -290,7 +293,7 @@ async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls,
                 while isinstance(s.step, CheckGeometry):
                     s.step = advance(s.steps, await _checked(s.step))
         for s in live:
-            if isinstance(s.step, RoundFinished):
+            if isinstance(s.step, StoreAttempt):
                 s.step.attempt.seconds = time.perf_counter() - started
                 on_round(s.task, s.step.attempt, s.step.image)
                 s.step = advance(s.steps)
@@ -315,9 +318,9 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
     options = options or RunOptions()
     if not all(isinstance(b, cls) for b, cls in ((writer, GeminiWriter), (editor, GeminiEditor),
                                                   (judge, GeminiJudge))):
-        raise ValueError("--batch needs the gemini backend for the writer, the editor and the judge")
+        raise UsageError("--batch needs the gemini backend for the writer, the editor and the judge")
     if not (writer.transport is editor.transport is judge.transport):
-        raise ValueError("--batch needs one transport shared by the writer, the editor and the judge")
+        raise UsageError("--batch needs one transport shared by the writer, the editor and the judge")
     accept = acceptance_policy(options.accept)
     with RunSession(tasks, run_dir, options, config, on_open) as session:
         try:
@@ -329,7 +332,7 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
                                        session.store.write_attempt, lambda ended: session.finish(*ended),
                                        session.ledger, session.budget_reached)
             except APIError as exc:  # a job could not be submitted or polled: stop here, resumable
-                raise RuntimeError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
+                raise UsageError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
                                    f"command again resumes polling the submitted jobs") from None
         finally:
             remove_batch_files(run_dir)  # what an error or Ctrl-C left mid-transfer; the next run needs none of it

@@ -16,15 +16,18 @@ from ..pricing import PriceTable, is_paid, load_prices
 from ..prompts import PROMPT_NAMES, prompt_versions
 from ..rundir import layout, schema
 from ..records import Task
+from ..outcomes import TaskStatus
 from ..rundir.provenance import DEFAULT_SOURCE_TYPE
 from .budget import RunPricing
-from .local import RunOptions, RunSummary, describe_backends, run
+from .local import describe_backends, run
+from .session import RunOptions, RunSummary
 from .pilot import finished_records, pilot_samples
 from .session import in_shard
 from .plan import Plan, PlanSetting, estimate
 from ..sources.scan import Selection, SourceLayoutError, scan_sources
 from ..rundir.journal import journal_lines
 from ..taxonomy import DIRECTIONS
+from ..failures import NotFound, UsageError
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 PILOT_MINIMUM = 10  # finished tasks of a resumed run that its own estimate is measured on
@@ -181,7 +184,7 @@ def _priced(options: RunOptions, described: dict, prices: PriceTable | None, bud
              for role, backend in zip(ROLES, made)}
     pricing = RunPricing(prices or load_prices(), described, batch, budget, tries)
     if budget is not None and (unpriced := pricing.unpriced()):
-        raise ValueError(f"--budget needs a price for every paid model; {', '.join(unpriced)} has none in the "
+        raise UsageError(f"--budget needs a price for every paid model; {', '.join(unpriced)} has none in the "
                          f"price table: give one with --prices FILE")
     plan = estimate_todo(tasks, out, pricing, options)
     return replace(options, pricing=replace(pricing, per_task_usd=plan.figures["usd"][0] / max(plan.tasks, 1))), \
@@ -192,7 +195,7 @@ def estimate_todo(tasks: list[Task], out: Path, pricing: RunPricing, options: Ru
     """What the tasks the run directory has not finished should cost: measured on its own finished tasks when it
     has at least PILOT_MINIMUM of them (a resumed run), else from the assumptions."""
     finished = finished_records(out)
-    failed = {uid for uid, record in finished.items() if record.get("status") == "api_failed"}
+    failed = {uid for uid, record in finished.items() if record.get("status") == TaskStatus.API_FAILED}
     todo = [t for t in tasks if in_shard(t, options.shard)
             and (t.uid not in finished or (options.retry_failed and t.uid in failed))]
     setting = PlanSetting(pricing.backends, pricing.prices, options.max_rounds, pricing.batch, options.concurrency)
@@ -202,7 +205,7 @@ def estimate_todo(tasks: list[Task], out: Path, pricing: RunPricing, options: Ru
 
 def failed_uids(run_dir: Path) -> set[str]:
     """The tasks the run directory's journal last finished api_failed: all a --retry-failed may start."""
-    return {uid for uid, record in finished_records(run_dir).items() if record.get("status") == "api_failed"}
+    return {uid for uid, record in finished_records(run_dir).items() if record.get("status") == TaskStatus.API_FAILED}
 
 
 def sent_to(tasks: list[Task], sources: Path, spec: BackendSpec | None, backend: str = "simulator",
@@ -250,7 +253,7 @@ def retry_selection(run_dir: Path, *, selection: Selection | None = None, modali
     config = run_config(run_dir)
     recorded = config.get("selection")
     if not isinstance(recorded, dict):
-        raise ValueError(f"{run_dir}/{layout.RUN_CONFIG} records no selection; rerun the original command "
+        raise UsageError(f"{run_dir}/{layout.RUN_CONFIG} records no selection; rerun the original command "
                          f"instead of --retry-failed")
     given = selection or Selection()
     differs = []
@@ -265,7 +268,7 @@ def retry_selection(run_dir: Path, *, selection: Selection | None = None, modali
         if not defaulted and mine != theirs:
             differs.append(f"{name} {_shown(mine)} (the run has {_shown(theirs)})")
     if differs:
-        raise ValueError(f"--retry-failed {run_dir} re-runs the tasks of the selection that run recorded; "
+        raise UsageError(f"--retry-failed {run_dir} re-runs the tasks of the selection that run recorded; "
                          f"{'; '.join(differs)}: leave these options out, or start a new run with --out")
     known = None
     if "shard" not in recorded or "limit" not in recorded or config.get("merged_from"):
@@ -288,5 +291,5 @@ def run_config(run_dir: Path) -> dict:
     """RUN_DIR/medbanana-run.json, parsed as the run's one schema (schema.RunConfig): a field of the wrong type is a
     ValueError naming the file and the field."""
     if (config := schema.read_run_config(run_dir, strict=True)) is None:
-        raise FileNotFoundError(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
+        raise NotFound(f"{run_dir} is not a medbanana run directory (no {layout.RUN_CONFIG})")
     return config

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from ..backends import Editor, InstructionWriter, Judge
 from ..loop import Acceptance, OnRound, acceptance_policy, refine_task
-from ..records import DEFAULT_MAX_PIXELS, ApiFailure, Attempt, SourceImage, Task, TaskOutcome, open_image
+from ..records import DEFAULT_MAX_PIXELS, Attempt, SourceImage, Task, open_image
+from ..outcomes import ApiFailure, FailureKind, TaskOutcome, TaskStatus
 from ..rundir.mask_files import MaskProcess
 from .budget import BudgetReached, metered
-from .session import RunOptions, RunSession, RunSummary  # RunOptions, RunSummary: also imported from here
+from .session import RunOptions, RunSession, RunSummary
+from ..failures import UsageError
 
 
 def read_source(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> SourceImage:
@@ -33,7 +35,7 @@ def read_source(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> SourceImage
             image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
             image.load()
         except (OSError, SyntaxError) as exc:
-            raise ValueError(f"not a readable image: {exc}") from exc
+            raise UsageError(f"not a readable image: {exc}") from exc
     return source
 
 
@@ -62,8 +64,8 @@ class _SourceCache:
 
 
 def source_error(task: Task, exc: Exception) -> TaskOutcome:
-    return TaskOutcome(task, "api_failed", [], ApiFailure("load_source", 0, f"{task.source_path}: {exc}",
-                                                          "source_error"))
+    return TaskOutcome(task, TaskStatus.API_FAILED, [], ApiFailure("load_source", 0, f"{task.source_path}: {exc}",
+                                                                   FailureKind.SOURCE_ERROR))
 
 
 async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[InstructionWriter, Editor, Judge],

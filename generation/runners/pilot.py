@@ -15,6 +15,7 @@ from pathlib import Path
 from ..costs import ROLES, rounds_of, round_steps
 from ..rundir import layout, schema
 from ..rundir.store import read_journal
+from ..failures import UsageError
 
 # The documented defaults for a plan without a pilot (docs/plan-and-budget.md): each one is printed as an
 # assumption. Tokens per call (input, output with thinking) for a source of about 1024x1024 (Gemini counts such
@@ -83,10 +84,10 @@ def pilot_samples(run_dir: Path, max_rounds: int) -> Pilot:
     run_dir = Path(run_dir)
     config = schema.read_run_config(run_dir)
     if config is None:
-        raise ValueError(f"--pilot {run_dir}: not a medbanana run directory (no {layout.RUN_CONFIG})")
+        raise UsageError(f"--pilot {run_dir}: not a medbanana run directory (no {layout.RUN_CONFIG})")
     records = finished_records(run_dir)
     if not records:
-        raise ValueError(f"--pilot {run_dir}: no finished task in its journal yet; let the pilot run finish some")
+        raise UsageError(f"--pilot {run_dir}: no finished task in its journal yet; let the pilot run finish some")
     measured = {role: [] for role in ROLES}
     for record in records.values():
         for raw in rounds_of(record):

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..costs import ROLES
 from ..pricing import PriceTable
-from ..records import Task
+from ..records import DEFAULT_CONCURRENCY, DEFAULT_MAX_ROUNDS, Task
 from .pilot import (ASSUMED_ACCEPT_RATE, ASSUMED_BATCH_JOB_SECONDS, ASSUMED_SECONDS, ASSUMED_TOKENS, Pilot,
                     TaskSample, assumed_samples)
 
@@ -42,9 +42,9 @@ class PlanSetting:
 
     backends: dict
     prices: PriceTable
-    max_rounds: int = 5
+    max_rounds: int = DEFAULT_MAX_ROUNDS
     batch: bool = False
-    concurrency: int = 4
+    concurrency: int = DEFAULT_CONCURRENCY
     rpm: float | None = None
     tpm: float | None = None
 

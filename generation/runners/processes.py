@@ -25,21 +25,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from ..failures import EXIT_INFRASTRUCTURE
+from ..failures import EXIT_INCOMPLETE, WorkerCrashed
 from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..loop import acceptance_policy
-from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
+from ..records import Attempt, EditedImage, Task
+from ..outcomes import ApiFailure, TaskOutcome, TaskStatus
 from ..rundir import mask_files
 from .budget import BudgetReached, Ledger, SharedState, metered
 from .local import _SourceCache, run_one_task
 from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients
-
-
-class WorkerCrashed(RuntimeError):
-    """A worker process ended before finishing its tasks (a `--workers` child, a Ray shard after its retries);
-    the CLI exits with `exit_code`."""
-
-    exit_code = EXIT_INFRASTRUCTURE
 
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" in microseconds, or "max PERIOD"
@@ -96,7 +90,7 @@ class Stop:
 
 
 @dataclass(frozen=True)
-class RoundDone:
+class AttemptDone:
     """Worker -> parent: a finished round of a task, with its image's bytes (None after a refused edit) and the
     image's masks (rundir/mask_files.py), made in the worker so that the parent, which writes every worker's
     rounds, only writes them."""
@@ -109,9 +103,9 @@ class RoundDone:
 
 @dataclass(frozen=True)
 class TaskDone:
-    """Worker -> parent: a task's outcome; its rounds are the RoundDone messages sent before."""
+    """Worker -> parent: a task's outcome; its rounds are the AttemptDone messages sent before."""
     uid: str
-    status: str
+    status: TaskStatus
     failure: ApiFailure | None
 
 
@@ -145,7 +139,7 @@ def _receive(tasks: Connection, inbox: asyncio.Queue, loop: asyncio.AbstractEven
         try:
             message = tasks.recv()
         except (EOFError, OSError):
-            os._exit(3)  # the parent is gone: stop calling the API at once
+            os._exit(EXIT_INCOMPLETE)  # the parent is gone: stop calling the API at once
         loop.call_soon_threadsafe(inbox.put_nowait, message)
         if isinstance(message, Stop):
             return
@@ -170,7 +164,7 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
     sender.start()
 
     def send_round(task: Task, attempt: Attempt, image: EditedImage | None) -> None:
-        outbox.put(lambda: round_done(task, attempt, image))
+        outbox.put(lambda: attempt_done(task, attempt, image))
 
     async def slot() -> None:
         while isinstance(message := await inbox.get(), RunTask):
@@ -193,11 +187,11 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
     await asyncio.to_thread(sender.join)
 
 
-def round_done(task: Task, attempt: Attempt, image: EditedImage | None) -> RoundDone:
+def attempt_done(task: Task, attempt: Attempt, image: EditedImage | None) -> AttemptDone:
     """A round's message, with its image's masks made here (in the worker)."""
     if image is None:
-        return RoundDone(task.uid, attempt, None)
-    return RoundDone(task.uid, attempt, image.data, mask_files.compute(task, image.data, attempt.frame_rejected),
+        return AttemptDone(task.uid, attempt, None)
+    return AttemptDone(task.uid, attempt, image.data, mask_files.compute(task, image.data, attempt.frame_rejected),
                      image.original)
 
 
@@ -210,7 +204,7 @@ def _send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
         try:
             results.send(message)
         except OSError:
-            os._exit(3)
+            os._exit(EXIT_INCOMPLETE)
 
 
 # ---------------------------------------------------------------- the parent
@@ -297,7 +291,7 @@ class _Pool:
                                 f"rerun the same command to resume") from None
 
     def handle(self, worker: _Worker, message) -> None:
-        if isinstance(message, RoundDone):
+        if isinstance(message, AttemptDone):
             task, attempts = self.running[message.uid]
             image = (EditedImage(data=message.image, original=message.original) if message.image is not None
                      else None)

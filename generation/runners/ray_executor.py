@@ -43,8 +43,9 @@ from ..records import Task
 from ..sources.scan import Selection
 from .budget import RunPricing, journal_rounds
 from .generate import BackendSpec, generate, select_tasks, spec_models
-from .processes import WorkerCrashed
+from ..failures import WorkerCrashed
 from .session import RunOptions, RunSummary, in_shard
+from ..failures import UsageError
 
 SHARDS = "medbanana-shards"  # OUT's folder of shard run directories (not a layout folder: runs ignore it)
 MAX_RETRIES = 3  # attempts after a shard's worker died, each resuming from the shard's journal
@@ -126,7 +127,7 @@ def recorded_shard_count(out: Path) -> int | None:
     """N of the shard directories under OUT from an earlier submission (None if none; ValueError if mixed)."""
     counts = {p.name.partition("-of-")[2] for p in (Path(out) / SHARDS).glob("*-of-*") if p.is_dir()}
     if len(counts) > 1:
-        raise ValueError(f"{Path(out) / SHARDS} holds shards of different counts ({', '.join(sorted(counts))}); "
+        raise UsageError(f"{Path(out) / SHARDS} holds shards of different counts ({', '.join(sorted(counts))}); "
                          f"give --shards")
     return int(counts.pop()) if counts else None
 
@@ -147,7 +148,7 @@ def run_on_ray(job: ShardJob, out: Path, *, shards: int | None = None, address: 
         tasks = select_tasks(job.sources, job.selection, job.modality, job.limit)  # as each shard's `generate`
         recorded = recorded_shard_count(out)
         if shards and recorded and shards != recorded:  # other parts would run every task again, from scratch
-            raise ValueError(f"{out / SHARDS} holds {recorded} shards; resume with --shards {recorded}, or use "
+            raise UsageError(f"{out / SHARDS} holds {recorded} shards; resume with --shards {recorded}, or use "
                              f"another --out")
         count = shards or recorded
         todo = _unfinished(tasks, out, count) if count else None
@@ -182,7 +183,7 @@ def _join(ray, address: str | None) -> None:
         else:  # "local" starts a new cluster even when `ray start` left one running on this machine
             ray.init(address="local", logging_level="ERROR", configure_logging=True, include_dashboard=False)
     except Exception as exc:  # ConnectionError, an authentication error, a version mismatch
-        raise RuntimeError(f"cannot {f'join the Ray cluster at {address}' if address else 'start a local Ray cluster'}"
+        raise UsageError(f"cannot {f'join the Ray cluster at {address}' if address else 'start a local Ray cluster'}"
                            f": {_first_line(exc)}") from None
     cpus = int(ray.cluster_resources().get("CPU", 0))
     _say(False, f"Ray: joined the cluster at {address} ({cpus} CPUs)" if address else
@@ -228,7 +229,9 @@ def _gather(ray, pending: dict, count: int, quiet: bool) -> list[RunSummary]:
             raise LockHeld(text)
         if crashed:  # after its retries: the infrastructure's failure, with its own exit code
             raise WorkerCrashed(text)
-        raise RuntimeError(text)
+        if isinstance(cause, UsageError):
+            raise UsageError(text)
+        raise RuntimeError(text) from cause
     return summaries
 
 

@@ -18,10 +18,11 @@ from tqdm.auto import tqdm
 
 from ..backends.settings import remove_batch_files
 from ..costs import Tally, cost_lines, cost_report, rounds_of
-from ..failures import SOURCE_MISSING
 from ..files import atomic_write_json
 from ..pricing import load_prices
-from ..records import DEFAULT_GEOMETRY, DEFAULT_MAX_PIXELS, Task, TaskOutcome
+from ..acceptance import DEFAULT_ACCEPT
+from ..records import DEFAULT_CONCURRENCY, DEFAULT_GEOMETRY, DEFAULT_MAX_PIXELS, DEFAULT_MAX_ROUNDS, Task
+from ..outcomes import FailureKind, TaskOutcome, TaskStatus
 from ..rundir import layout
 from ..rundir.signing import SigningCredentials
 from ..rundir.store import RunStore
@@ -30,10 +31,10 @@ from .budget import Ledger, LocalState, RunPricing
 
 @dataclass
 class RunOptions:
-    max_rounds: int = 5
-    concurrency: int = 4
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    concurrency: int = DEFAULT_CONCURRENCY
     seed: int = 0
-    accept: str = "qualified"
+    accept: str = DEFAULT_ACCEPT
     retry_failed: bool = False  # also re-run tasks that ended api_failed (their kept rounds are resumed)
     drop_missing_sources: bool = False  # with retry_failed: api_failed tasks whose source is gone end for good
     shard: tuple[int, int] | None = None  # (i, N): this process takes the i-th of N deterministic parts
@@ -79,7 +80,7 @@ class RunSummary:
             self.failed_attempts += sum(1 for r in rounds if not r.get("accepted"))
             self.geometry.update(r["geometry"].get("action") for r in rounds
                                  if isinstance(r.get("geometry"), dict) and r["geometry"].get("action"))
-            if record["status"] == "success":
+            if record["status"] == TaskStatus.SUCCESS:
                 self.success_rounds[record.get("success_round") or len(rounds)] += 1
             if record.get("error"):
                 self.error_kinds[record["error"].get("kind") or "unknown"] += 1
@@ -87,8 +88,8 @@ class RunSummary:
     def as_dict(self) -> dict:
         return {"tasks": sum(self.statuses.values()), "ran_now": self.tasks - self.skipped - self.unfinished,
                 "skipped": self.skipped,
-                "success": self.statuses["success"], "failed": self.statuses["failed"],
-                "api_failed": self.statuses["api_failed"], "failed_attempts": self.failed_attempts,
+                **{status.value: self.statuses[status] for status in TaskStatus},
+                "failed_attempts": self.failed_attempts,
                 "success_rounds": {str(k): v for k, v in sorted(self.success_rounds.items())},
                 "error_kinds": dict(self.error_kinds), "api_calls": self.api_calls, "cache_hits": self.cache_hits,
                 "reconciled": {k: v for k, v in sorted(self.reconciled.items()) if v},
@@ -185,20 +186,20 @@ def sources_gone(store: RunStore, tasks: list[Task], shard: tuple[int, int] | No
     file was deleted or moved since, so a retry cannot run them. Those already dropped are not counted."""
     scanned = {t.uid for t in tasks}
     return sorted(uid for uid, record in store.finished.items()
-                  if record["status"] == "api_failed" and uid not in scanned and in_shard(uid, shard)
-                  and (record.get("error") or {}).get("kind") != SOURCE_MISSING)
+                  if record["status"] == TaskStatus.API_FAILED and uid not in scanned and in_shard(uid, shard)
+                  and (record.get("error") or {}).get("kind") != FailureKind.SOURCE_MISSING)
 
 
 def drop_task(store: RunStore, uid: str) -> None:
     """End an api_failed task whose source is gone for good: its record, rounds kept, with the failure kind
-    SOURCE_MISSING, which later retries and the exit code leave out."""
+    FailureKind.SOURCE_MISSING, which later retries and the exit code leave out."""
     record = dict(store.finished[uid])
     message = (f"source {record.get('source_path') or record.get('image') or record['key']} no longer exists: "
                f"dropped (--drop-missing-sources)")
-    record["error"] = {"step": "load_source", "kind": SOURCE_MISSING, "message": message}
+    record["error"] = {"step": "load_source", "kind": FailureKind.SOURCE_MISSING, "message": message}
     record["api_failure"] = {**(record.get("api_failure") or {"task": record["key"], "image": record.get("image"),
                                                                "disease": record["disease"], "round": None}),
-                             "step": "load_source", "kind": SOURCE_MISSING, "error": message}
+                             "step": "load_source", "kind": FailureKind.SOURCE_MISSING, "error": message}
     store.add_finished(record)
 
 
@@ -219,7 +220,7 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
         summary.reconciled["batch_files"] = removed
     mine = [t for t in tasks if in_shard(t, options.shard)]
     summary.tasks = len(mine)
-    redo = {"api_failed"} if options.retry_failed else set()
+    redo = {TaskStatus.API_FAILED} if options.retry_failed else set()
     # a retry starts only tasks the run finished api_failed: none it never finished, whatever the sources hold now
     todo = [t for t in mine if (t.uid not in store.finished and not options.retry_failed) or t.uid in store.reopened
             or (t.uid in store.finished and store.finished[t.uid]["status"] in redo)]

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..records import DEFAULT_MAX_PIXELS  # one default for `prepare` and `generate --max-pixels`
+from ..failures import UsageError
 
 ASPECTS = ("pad", "stretch")
 
 
-class BadImage(ValueError):
+class BadImage(UsageError):
     """This file cannot be used as a source; the message is the report's reason."""
 
 
@@ -41,9 +42,9 @@ class ImageOptions:
 
     def check(self) -> None:
         if self.aspect not in ASPECTS:
-            raise ValueError(f"aspect {self.aspect!r}: use {' or '.join(ASPECTS)}")
+            raise UsageError(f"aspect {self.aspect!r}: use {' or '.join(ASPECTS)}")
         if not 16 <= self.size <= 8192 or not 1 <= self.quality <= 100:
-            raise ValueError("size must be 16..8192 and quality 1..100")
+            raise UsageError("size must be 16..8192 and quality 1..100")
 
 
 @dataclass

@@ -16,12 +16,13 @@ from pathlib import Path
 
 from ..records import Task
 from ..taxonomy import DIRECTIONS, Taxonomy, load_taxonomy
+from ..failures import UsageError
 
 SOURCE_SUFFIXES = {".jpg", ".jpeg", ".png"}  # what the generator reads as sources (prepare writes .jpeg)
 log = logging.getLogger(__name__)
 
 
-class SourceLayoutError(ValueError):
+class SourceLayoutError(UsageError):
     """The sources folder cannot be used as given (the message says why and what to do)."""
 
 
@@ -44,7 +45,7 @@ class Selection:
         dirs = tuple(directions) or DIRECTIONS
         for d in dirs:
             if d not in DIRECTIONS:
-                raise ValueError(f"unknown direction {d!r}; use add or remove")
+                raise UsageError(f"unknown direction {d!r}; use add or remove")
         return cls(mods, dis, dirs)
 
     def wants(self, modality: str, disease: str, direction: str) -> bool:

@@ -13,7 +13,8 @@ from medbanana.builder.upload import built_by_medbanana
 from medbanana.cli import main
 from medbanana.loaders import load_medbanana
 from medbanana.review.items import create_review
-from medbanana.review.store import Answer, ReviewStore
+from medbanana.generation.dataset.review_folder import Answer
+from medbanana.review.store import ReviewStore
 
 
 def answer_everything(store: ReviewStore, rater: str, qualified) -> list[tuple[str, Answer]]:
@@ -116,7 +117,7 @@ def test_review_reasons_drop_leaves_the_free_text_out(reviewed, demo_run_root, t
 
 @pytest.mark.slow
 def test_build_reads_a_review_folder_without_the_review_stage(reviewed, demo_run_root, tmp_path):
-    """The builder reads a review through its own read contract (builder/review_folder.py): with the review stage's
+    """The builder reads a review through its own read contract (generation/dataset/review_folder.py): with the review stage's
     store absent from the process (`sys.modules[name] = None`), `medbanana build --reviews` gives the same rows."""
     out, rubric, realism, _given = reviewed
     run = demo_run_root / "demo-run" / "run"

@@ -22,7 +22,7 @@ from medbanana.cli import main
 from medbanana.generation.rundir.lock import hold_lock
 from PIL import Image
 
-EXIT_LOCKED = 75  # documented (generation/rundir/lock.py, docs/exit-codes.md), pinned here on purpose
+EXIT_LOCKED = 75  # documented (generation/failures.py, docs/exit-codes.md), pinned here on purpose
 DATASET = "odir_ours_fundus"
 KEPT = "mimic_ours_cxr"  # the one dataset whose sources are held in the partial cases
 
@@ -107,7 +107,7 @@ def test_out_inside_an_input_run_is_refused(run, capfd, given):
 
 def test_a_rebuild_leaves_a_file_added_after_its_check(tmp_path):
     """Removal goes file by file, so even what appears between the check and the rename is kept."""
-    from medbanana.builder.output import remove_build
+    from medbanana.generation.dataset.output import remove_build
 
     previous = tmp_path / ".nest.previous-1"
     (previous / "sft").mkdir(parents=True)
@@ -182,7 +182,7 @@ def test_attach_sources_matching_no_row_is_an_error_and_a_partial_match_is_count
 
 @pytest.mark.slow
 def test_a_build_is_refused_while_another_process_builds_the_same_out(earlier, run, tmp_path):
-    from medbanana.builder.output import output_lock
+    from medbanana.generation.dataset.output import output_lock
 
     before = snapshot(earlier)
     with output_lock(earlier):  # as a build in progress holds it

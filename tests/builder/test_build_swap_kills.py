@@ -1,4 +1,4 @@
-"""A build killed with SIGKILL while it swaps the new build in for the old one (builder/output.py).
+"""A build killed with SIGKILL while it swaps the new build in for the old one (generation/dataset/output.py).
 
 The real `medbanana build` runs in its own process; the kill lands at a real point of the swap: the process kills
 itself just before, or just after, the rename that names the old build `.NAME.previous-PID` (os.rename wrapped in
@@ -38,7 +38,7 @@ def killing_rename(src, dst, *args, **kwargs):
 
 os.rename = killing_rename
 if point == "between-renames":
-    from medbanana.builder import output
+    from medbanana.generation.dataset import output
     output.exchange = lambda a, b: False  # a file system without RENAME_EXCHANGE
 from medbanana.cli import main
 sys.exit(main(argv))

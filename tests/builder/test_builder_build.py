@@ -9,8 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import Image, load_dataset
 
-from medbanana.builder.build import BuildError, build
-from medbanana.builder.features import CONFIG_FEATURES, CONFIG_NAMES
+from medbanana.builder.build import build
+from medbanana.generation.dataset.output import BuildError
+from medbanana.generation.dataset.configs import CONFIG_NAMES
+from medbanana.generation.dataset.features import CONFIG_FEATURES
 from medbanana.generation.rundir import layout
 from paths import SHARED_SAMPLES
 
@@ -162,7 +164,7 @@ def test_parallel_build_writes_the_same_rows(builder_ours_run, tmp_path):
 
 def test_partition_plan_covers_every_task_once(builder_ours_run):
     from medbanana.builder.build import discover_all, plan_partitions
-    from medbanana.builder.runs import read_tasks
+    from medbanana.generation.rundir.runs import read_tasks
 
     units = discover_all([builder_ours_run])
     all_uids = sorted(t.uid for u in units for t in read_tasks(u))

@@ -12,8 +12,9 @@ from datasets import Image, load_dataset
 
 from medbanana.builder import commands
 from medbanana.builder.build import build
-from medbanana.builder.features import CONFIG_FEATURES, CONFIG_NAMES
-from medbanana.builder.manifest import MANIFEST, verify_manifest
+from medbanana.generation.dataset.configs import CONFIG_NAMES
+from medbanana.generation.dataset.features import CONFIG_FEATURES
+from medbanana.generation.dataset.manifest import MANIFEST, verify_manifest
 from medbanana.loaders import attach_sources
 from medbanana.medbanana_50k import MedBanana50k
 

@@ -21,9 +21,9 @@ from conftest import write_jpeg
 from trees import snapshot
 from PIL import Image
 
-from medbanana.builder import manifest
+from medbanana.generation.dataset import manifest
 from medbanana.builder.build import build
-from medbanana.builder.manifest import MANIFEST, ManifestError, verify_manifest, write_manifest
+from medbanana.generation.dataset.manifest import MANIFEST, ManifestError, verify_manifest, write_manifest
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.provenance import mark_synthetic, read_mark, xmp_of, xmp_text

@@ -8,10 +8,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from medbanana.builder import run_json
+from medbanana.generation.rundir import run_json
 from medbanana.builder.reasons import count_phrases, reason_phrases
-from medbanana.builder.runs import discover_units, read_tasks
-from medbanana.builder.safety import Confined, Refused
+from medbanana.generation.rundir.runs import discover_units, read_tasks
+from medbanana.generation.rundir.confined import Confined, Refused
 from medbanana.builder.synthetic_run import make_synthetic_run
 from medbanana.generation.rundir import schema
 

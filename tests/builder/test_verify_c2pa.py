@@ -180,7 +180,7 @@ def test_a_row_whose_embedded_source_is_another_scan_is_mismatched(built, tmp_pa
 
 def test_every_generated_image_column_is_compared_with_its_row():
     from medbanana.builder.c2pa_check import SIGNED_COLUMNS
-    from medbanana.builder.features import CONFIG_FEATURES, MASKS, image_columns
+    from medbanana.generation.dataset.features import CONFIG_FEATURES, MASKS, image_columns
 
     for config in CONFIG_FEATURES:  # sources are not ours, masks are computed by the build: neither is signed
         assert set(SIGNED_COLUMNS.get(config, {})) == set(image_columns(config)) - {"source_image", *MASKS}, config

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from medbanana.builder import manifest
-from medbanana.builder.manifest import MANIFEST
+from medbanana.generation.dataset import manifest
+from medbanana.generation.dataset.manifest import MANIFEST
 from medbanana.builder.synthetic_run import make_synthetic_run
 from medbanana.cli import main
 

@@ -11,6 +11,7 @@ import pytest
 from medbanana.cli import main
 from medbanana.evaluation.classifiers import XRV_TO_TAXONOMY, Classifier, load_classifier, xrv_classifier
 from medbanana.evaluation.counterfactual import run_counterfactual, target_effect
+from medbanana.generation.failures import UsageError
 from medbanana.evaluation.inputs import Sample
 from medbanana.generation.taxonomy import load_taxonomy
 from PIL import Image
@@ -237,7 +238,7 @@ def test_a_hub_id_under_hf_hub_offline_is_looked_up_in_the_cache_only(tmp_path, 
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
-    with pytest.raises(RuntimeError) as caught:
+    with pytest.raises(UsageError) as caught:
         load_classifier("no-such-org/no-such-classifier")
     message = str(caught.value)
     assert "\n" not in message and "no-such-org/no-such-classifier" in message and "HF_HUB_OFFLINE" in message

@@ -12,7 +12,8 @@ from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.lock import LOCK_NAME
 from medbanana.generation.loop import acceptance_policy
 from medbanana.generation.records import SourceImage, Verdict
-from medbanana.generation.runners.local import RunOptions, run
+from medbanana.generation.runners.local import run
+from medbanana.generation.runners.session import RunOptions
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.rundir.store import RunConfigMismatch, read_journal
 from kills import kill_repeatedly
@@ -121,7 +122,8 @@ KILL_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
-    from medbanana.generation.runners.local import RunOptions, run
+    from medbanana.generation.runners.local import run
+    from medbanana.generation.runners.session import RunOptions
     from medbanana.generation.sources.scan import scan_sources
     tasks = scan_sources({sources!r})
     run(tasks, {out!r}, ScriptedWriter(delay=0.03), ScriptedEditor(), ScriptedJudge(),

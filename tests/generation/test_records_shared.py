@@ -11,10 +11,10 @@ import msgspec
 import pytest
 
 from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
-from medbanana.builder import features
+from medbanana.generation.dataset import features
 from medbanana.generation.rundir import schema as run_schema
 from medbanana.generation.rundir.schema import attempt_from_round
-from medbanana.builder.runs import discover_units, read_tasks
+from medbanana.generation.rundir.runs import discover_units, read_tasks
 from medbanana.evaluation.agreement import read_human_labels
 from medbanana.generation import records
 from medbanana.generation.records import (FALSE_WORDS, TRUE_WORDS, VERDICT_COLUMNS, VERDICT_FIELDS, Attempt, Instruction,
@@ -22,7 +22,8 @@ from medbanana.generation.records import (FALSE_WORDS, TRUE_WORDS, VERDICT_COLUM
                                           verdict_values)
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.store import read_journal
-from medbanana.generation.runners.local import RunOptions, run
+from medbanana.generation.runners.local import run
+from medbanana.generation.runners.session import RunOptions
 from medbanana.generation.sources.scan import scan_sources
 from paths import ROOT
 
@@ -149,7 +150,7 @@ def test_builder_never_imports_evaluation():
 def test_the_import_check_sees_relative_imports():
     found = _imports(ROOT / "builder" / "build.py")
     assert "medbanana.builder.paper" in found and "medbanana.generation.rundir.lock" in _imports(
-        ROOT / "builder" / "output.py")
+        ROOT / "generation" / "dataset" / "output.py")
 
 
 def test_a_journalled_round_reads_back_as_the_attempt_that_wrote_it():

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from medbanana.builder.features import CONFIG_FEATURES, CONFIG_NAMES, VERDICT_FIELDS
+from medbanana.generation.dataset.configs import CONFIG_NAMES
+from medbanana.generation.dataset.features import CONFIG_FEATURES
+from medbanana.generation.records import VERDICT_FIELDS
 from medbanana.generation.prompts import parse_verdict
 from medbanana.loaders import (attach_sources, convert, load_medbanana, to_diffusion_dpo, to_editor_sft,
                                to_judge_sft, to_pandas, to_refiner_dpo)
@@ -279,7 +281,7 @@ def test_a_name_that_is_no_folder_here_fails_at_once_with_what_to_do(tmp_path):
                               env=env, timeout=120).stdout
 
     said = load("medbanana-50k")
-    assert said.startswith("FileNotFoundError") and f"not a folder in {tmp_path}" in said and "ORG/NAME" in said
+    assert said.startswith("NotFound") and f"not a folder in {tmp_path}" in said and "ORG/NAME" in said  # a FileNotFoundError
     said = load("my-org/medbanana-50k")
     assert said.startswith("ConnectionError") and f"http://127.0.0.1:{port} cannot be reached" in said
     assert "HF_HUB_OFFLINE=1" in said and "folder's path" in said

@@ -8,7 +8,8 @@ from review_browser import make_run
 from medbanana.cli import main
 from medbanana.generation.records import VERDICT_BOOLEANS
 from medbanana.review.app import RUBRIC_QUESTIONS, answer_from_page
-from medbanana.review.store import Answer, ReviewStore
+from medbanana.generation.dataset.review_folder import Answer
+from medbanana.review.store import ReviewStore
 
 
 @pytest.fixture(scope="module")

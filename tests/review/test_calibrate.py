@@ -13,7 +13,8 @@ import pytest
 from medbanana.cli import main
 from medbanana.generation.acceptance import AcceptanceRule
 from medbanana.review.judged import judged_tasks
-from medbanana.review.store import Answer, ReviewStore
+from medbanana.generation.dataset.review_folder import Answer
+from medbanana.review.store import ReviewStore
 
 EXPERT_BAR = 0.8  # the simulated expert approves an edit whose judge score is at least this
 

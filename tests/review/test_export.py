@@ -12,7 +12,7 @@ from medbanana.evaluation.agreement import read_human_labels
 from medbanana.generation.records import VERDICT_BOOLEANS
 from medbanana.review.export import export_labels
 from medbanana.review.items import create_review
-from medbanana.review.store import Answer
+from medbanana.generation.dataset.review_folder import Answer
 
 # per rater, per item (6 items), the labels of the five dimensions in VERDICT_BOOLEANS order; "-" = no answer.
 # Item 4: Ann and Ben only, split on qualified (left out) and on looks_realistic (empty); item 5: unanswered.

@@ -15,7 +15,8 @@ import pytest
 from review_browser import ReviewServer, free_port, make_run, medbanana_command
 from review_http import GradioSession, value_of
 
-from medbanana.review.store import DB_NAME, MAX_REASON, ReviewStore
+from medbanana.generation.dataset.review_folder import DB_NAME, MAX_REASON
+from medbanana.review.store import ReviewStore
 
 SECRET = b"TOP-SECRET-PATIENT-LIST-3b9d"
 RUBRIC = dict.fromkeys(("q-has_disease", "q-structure_reasonable", "q-looks_realistic", "q-fidelity_preserved",

@@ -8,8 +8,8 @@ import krippendorff
 import numpy as np
 import pytest
 from medbanana.review import reliability
+from medbanana.evaluation.probe_statistics import auroc
 from medbanana.review.reliability import (
-    auroc,
     bootstrap_interval,
     category_counts,
     edited_probability,

@@ -13,7 +13,8 @@ from medbanana.cli import main
 from medbanana.generation.records import VERDICT_BOOLEANS
 from medbanana.review.items import create_review
 from medbanana.review.report import write_report
-from medbanana.review.store import Answer, ReviewStore
+from medbanana.generation.dataset.review_folder import Answer
+from medbanana.review.store import ReviewStore
 from PIL import Image
 
 BOOT = 300  # resamples: enough for an interval, short to run

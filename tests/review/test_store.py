@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 from medbanana.review.items import create_review, read_edits
-from medbanana.review.store import DB_NAME, IMAGES, Answer, ReviewStore
+from medbanana.generation.dataset.review_folder import DB_NAME, IMAGES, Answer
+from medbanana.review.store import ReviewStore
 
 YES = Answer(True, True, True, True, True, "fine")
 
@@ -135,7 +136,8 @@ def test_raters_in_parallel_processes_never_overfill_an_item(run, tmp_path):
 KILLED_RATER = """
 import sys
 from pathlib import Path
-from medbanana.review.store import Answer, ReviewStore
+from medbanana.generation.dataset.review_folder import Answer
+from medbanana.review.store import ReviewStore
 store = ReviewStore.open(Path(sys.argv[1]))
 while (item := store.next_item("Ana")) is not None:
     store.submit("Ana", item.item_id, Answer(True, True, True, True, True))

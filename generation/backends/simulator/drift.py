@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy import ndimage
+from ...failures import UsageError
 
 KINDS = ("shift", "zoom", "aspect")
 SHIFT_PX = (2.0, 12.0)  # px at 1024: the range a drifting edit is shifted by
@@ -60,7 +61,7 @@ def random_drift(rng: np.random.Generator, size: tuple[int, int], kind: str | No
         # the content keeps its proportions and fills the new canvas: scaled by `grow`, the other side cropped;
         # resized back to the source's canvas, the cropped side shows as a zoom along it
         return Drift(kind, scale_x=1.0 if wider else grow, scale_y=grow if wider else 1.0, canvas=canvas)
-    raise ValueError(f"unknown drift kind {kind!r}; use one of {', '.join(KINDS)}")
+    raise UsageError(f"unknown drift kind {kind!r}; use one of {', '.join(KINDS)}")
 
 
 def drifted(rgb: np.ndarray, change: Drift) -> np.ndarray:

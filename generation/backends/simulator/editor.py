@@ -19,9 +19,11 @@ from ..base import Editor, EditRefused
 from ...raster import encode_mask
 from ...records import EditedImage, SourceImage, Task, encode_jpeg
 from .drift import drifted, random_drift
-from .lesions import apply_ops, build_add, build_remove, make_canvas, spec_for
+from .findings import build_add
+from .lesions import apply_ops, build_remove, make_canvas, spec_for
 from .params import EditParams, parse
 from .truth import DETAILS_KEY, drawn_mask
+from ...failures import UsageError
 
 
 FRAME_STREAM = 0x6E0  # the drift's random stream, beside the edit's own seed
@@ -48,7 +50,7 @@ class SimulatedEditor(Editor):
 
     def __init__(self, *, jitter: float = 1.0, model: str = "medbanana-simulator-editor-1", drift: float = 0.0):
         if not 0 <= drift <= 1:
-            raise ValueError(f"the simulator's drift is a rate between 0 and 1, not {drift!r}")
+            raise UsageError(f"the simulator's drift is a rate between 0 and 1, not {drift!r}")
         self.jitter = jitter
         self.model = model
         self.drift = drift

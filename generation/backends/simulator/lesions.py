@@ -22,7 +22,7 @@ from scipy import ndimage
 from ...anatomy import ANAT, Anatomy, estimate_anatomy
 from ...raster import SourceCache, blur, ellipse_radius, resize_field, resize_rgb
 from .imaging import WORK, grain_level, highpass, luminance, robust_std, smooth_noise, soft_edge
-from .params import EditParams
+from ...failures import UsageError
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def spec_for(disease: str) -> LesionSpec:
     try:
         return SPECS[disease]
     except KeyError:
-        raise ValueError(f"the simulator has no lesion model for {disease!r}; known: {', '.join(SPECS)}") from None
+        raise UsageError(f"the simulator has no lesion model for {disease!r}; known: {', '.join(SPECS)}") from None
 
 
 _CANVASES: SourceCache[Canvas] = SourceCache(16)
@@ -312,17 +312,6 @@ def repair_area(found: np.ndarray, spec: LesionSpec, grow: float = 1.0) -> np.nd
 
 
 # ---------------------------------------------------------------- add / remove
-def build_add(canvas: Canvas, disease: str, rng: np.random.Generator, realised: dict) -> EditOps:
-    """Synthesise the finding with the realised parameters (see editor.realise)."""
-    from .lesions_chest import CHEST_BUILDERS
-    from .lesions_neuro_fundus import NEURO_FUNDUS_BUILDERS
-
-    builders = {**CHEST_BUILDERS, **NEURO_FUNDUS_BUILDERS}
-    ops = EditOps.empty(canvas)
-    builders[disease](canvas, ops, spec_for(disease), realised, rng)
-    return ops
-
-
 def build_remove(canvas: Canvas, disease: str, realised: dict) -> EditOps:
     """Blend the detected lesion (grown by the size parameter) toward the healthy reference."""
     spec = spec_for(disease)
@@ -367,24 +356,3 @@ def apply_ops(source: np.ndarray, ops: EditOps, grain_keep: float, loss_scale: f
         out = out + np.stack([resize_field(ops.add[..., c], (w, h)) for c in range(3)], axis=-1)
     loss = (1 - grain_keep) * loss_scale * density * (1 - mix)
     return out - (loss * fine)[..., None]
-
-
-def synthesise_disease_source(rgb: np.ndarray, modality: str, disease: str, *, seed: int) -> tuple[np.ndarray, dict]:
-    """A diseased demo source: the finding synthesised at a known place with the editor's own lesion models."""
-    rng = np.random.default_rng(seed)
-    params = EditParams(intensity=3, size=1, softness=2, grain=2)
-    realised = {"intensity": params.value("intensity"), "size": params.value("size"),
-                "softness": params.value("softness"), "side": "", "inward": False}
-    canvas = make_canvas(rgb, modality)
-    ops = build_add(canvas, disease, rng, realised)
-    out = apply_ops(rgb, ops, grain_keep=0.96, loss_scale=1.0, shift=(37, 53))
-    lesion = {"disease": disease, "params": params.as_dict(), **{k: _plain(v) for k, v in ops.facts.items()}}
-    return np.clip(out + 0.5, 0, 255).astype(np.uint8), lesion
-
-
-def _plain(value):
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    return value

@@ -211,7 +211,7 @@ def normal_source(modality: str, index: int, *, size: int = 1024, seed: int = 0)
 def write_demo_sources(root: Path, *, n_normal: int = 2, n_diseased: int = 1, size: int = 1024,
                        seed: int = 0) -> list[dict]:
     """Write normal and diseased demo sources for all three modalities; one provenance dict per file."""
-    from .lesions import synthesise_disease_source
+    from .findings import synthesise_disease_source
 
     root = Path(root)
     taxonomy = load_taxonomy()

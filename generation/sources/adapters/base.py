@@ -16,6 +16,7 @@ from pathlib import Path
 from ...files import not_regular
 from ...rundir import layout
 from ...taxonomy import Taxonomy
+from ...failures import UsageError
 
 # what `prepare` accepts as input (DICOM included); the generator's own sources are scan.SOURCE_SUFFIXES
 PREPARE_INPUT_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".dcm", ".dicom"}
@@ -24,7 +25,7 @@ MODALITY_SUFFIX = {"chest_xray": "chest", "brain_mri": "brain", "fundus": "fundu
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-class PrepareError(RuntimeError):
+class PrepareError(UsageError, RuntimeError):
     """A fatal problem with the input as a whole (missing label file, unusable table, unknown layout)."""
 
 

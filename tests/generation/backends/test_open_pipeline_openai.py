@@ -17,7 +17,8 @@ from fake_runs import chest_source  # noqa: E402
 from medbanana.generation import backends  # noqa: E402
 from medbanana.generation.backends import APIError  # noqa: E402
 from medbanana.generation.testing.fake_openai import FakeOpenAI  # noqa: E402
-from medbanana.generation.backends.openai_compatible import OpenAIJudge, OpenAIWriter, parse_verdict_tolerant  # noqa: E402
+from medbanana.generation.backends.openai_compatible import OpenAIJudge, OpenAIWriter  # noqa: E402
+from medbanana.generation.prompts import parse_verdict_tolerant  # noqa: E402
 from medbanana.generation.records import (Attempt, EditedImage, SourceImage, Task, decode_rgb, encode_jpeg,  # noqa: E402
                                           rubric_score)
 

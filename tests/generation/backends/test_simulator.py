@@ -16,7 +16,8 @@ from medbanana.generation.backends.simulator.editor import SimulatedEditor
 from medbanana.generation.backends.simulator.imaging import WORK, luminance
 from medbanana.generation.raster import resize_rgb
 from medbanana.generation.backends.simulator.judge import PixelJudge
-from medbanana.generation.backends.simulator.lesions import make_canvas, spec_for, synthesise_disease_source
+from medbanana.generation.backends.simulator.findings import synthesise_disease_source
+from medbanana.generation.backends.simulator.lesions import make_canvas, spec_for
 from medbanana.generation.backends.simulator.params import SCALES, EditParams, parse
 from medbanana.generation.backends.simulator.phantoms import DATASETS, NORMAL_FOLDER, normal_source, write_demo_sources
 from medbanana.generation.backends.simulator.writer import TemplateWriter, compose, first_params, refine

@@ -15,7 +15,7 @@ from medbanana.generation.records import Attempt, EditedImage, SourceImage, Task
 from medbanana.generation.backends.simulator import scores
 from medbanana.generation.backends.simulator.editor import SimulatedEditor
 from medbanana.generation.backends.simulator.judge import PixelJudge
-from medbanana.generation.backends.simulator.lesions import synthesise_disease_source
+from medbanana.generation.backends.simulator.findings import synthesise_disease_source
 from medbanana.generation.backends.simulator.phantoms import DATASETS, normal_source
 from medbanana.generation.backends.simulator.writer import TemplateWriter, compose, first_params
 from medbanana.generation.taxonomy import load_taxonomy

@@ -12,7 +12,7 @@ from datasets import load_dataset
 
 from conftest import SHARED_SAMPLES
 from medbanana.generation.rundir import layout
-from medbanana.generation.runners.local import RunOptions
+from medbanana.generation.runners.session import RunOptions
 from medbanana.generation.runners.generate import generate
 
 

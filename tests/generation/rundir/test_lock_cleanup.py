@@ -15,7 +15,8 @@ import sys
 
 import pytest
 from medbanana.cli import main
-from medbanana.generation.rundir.lock import EXIT_LOCKED, LOCK_NAME, LockHeld, hold_lock
+from medbanana.generation.failures import EXIT_LOCKED
+from medbanana.generation.rundir.lock import LOCK_NAME, LockHeld, hold_lock
 
 ROUNDS = 2000  # lock-and-release cycles per process: enough that a removal lands between an open and a lock
 

@@ -85,7 +85,7 @@ def test_worker_processes_compute_the_masks_and_the_parent_only_writes_them(demo
     handle = processes._Pool.handle
 
     def recording(pool, worker, message):
-        if isinstance(message, processes.RoundDone):
+        if isinstance(message, processes.AttemptDone):
             received.append(message)
         return handle(pool, worker, message)
 

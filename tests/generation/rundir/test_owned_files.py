@@ -26,7 +26,8 @@ from conftest import write_jpeg
 from medbanana.cli import main
 from medbanana.generation.files import UnsafeFile, open_owned
 from medbanana.generation.rundir import layout
-from medbanana.generation.rundir.lock import EXIT_LOCKED, LOCK_NAME
+from medbanana.generation.failures import EXIT_LOCKED
+from medbanana.generation.rundir.lock import LOCK_NAME
 
 OUTSIDE = b"the user's own file, outside the folder\n"
 OPTIONS = ["--backend", "simulator", "--diseases", "Pneumothorax", "--directions", "add", "--max-rounds", "1", "-q"]

@@ -29,10 +29,12 @@ from scripted import ScriptedEditor, ScriptedJudge, ScriptedWriter
 from medbanana.cli import main
 from medbanana.generation.rundir import layout, mask_files
 from medbanana.generation.testing.fake_gemini import FakeGemini
-from medbanana.generation.rundir.lock import EXIT_LOCKED, LOCK_NAME, LockHeld, hold_lock
+from medbanana.generation.failures import EXIT_LOCKED
+from medbanana.generation.rundir.lock import LOCK_NAME, LockHeld, hold_lock
 from medbanana.generation.rundir.provenance import mark_synthetic
 from medbanana.generation.records import Attempt, EditedImage, Instruction, encode_jpeg
-from medbanana.generation.runners.local import RunOptions, run
+from medbanana.generation.runners.local import run
+from medbanana.generation.runners.session import RunOptions
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.rundir.store import RunStore, read_journal
 

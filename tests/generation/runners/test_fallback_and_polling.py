@@ -158,7 +158,7 @@ def test_a_torn_results_file_is_fetched_again_and_one_torn_every_time_ends_in_re
     may be: the job's results are downloaded again; torn every time, the job is given up after max_attempts with
     its unanswered requests recorded as bad_response, and no results file is left."""
     from medbanana.generation.runners.generate import BackendSpec, generate
-    from medbanana.generation.runners.local import RunOptions
+    from medbanana.generation.runners.session import RunOptions
     from medbanana.generation.sources.scan import Selection
 
     sources = _sources(tmp_path / "sources", 2)

@@ -27,7 +27,7 @@ from medbanana.generation.runners.batch import JOBS_FILE
 from medbanana.generation.backends.settings import GeminiSettings
 from medbanana.generation.runners.generate import generate
 from medbanana.generation.records import decode_rgb
-from medbanana.generation.runners.local import RunOptions
+from medbanana.generation.runners.session import RunOptions
 from medbanana.generation.sources.scan import scan_sources
 from medbanana.generation.rundir.store import read_journal
 

@@ -20,6 +20,7 @@ import pytest
 from fake_runs import mimic_sources, use_fake_gemini
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
+from medbanana.generation.failures import EXIT_INFRASTRUCTURE, WorkerCrashed
 from medbanana.generation.runners import processes as workers
 from medbanana.generation.testing.fake_gemini import FakeGemini
 from medbanana.generation.runners.generate import BackendSpec
@@ -128,7 +129,7 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error_and_a_rerun_resumes
     import threading
 
     from medbanana.generation.runners.generate import generate
-    from medbanana.generation.runners.local import RunOptions
+    from medbanana.generation.runners.session import RunOptions
 
     monkeypatch.setenv("GEMINI_API_KEY", KEY)
     out = tmp_path / "run"
@@ -146,7 +147,7 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error_and_a_rerun_resumes
 
         killer = threading.Thread(target=kill_a_worker)
         killer.start()
-        with pytest.raises(workers.WorkerCrashed, match="rerun the same command to resume"):
+        with pytest.raises(WorkerCrashed, match="rerun the same command to resume"):
             generate(sources, out, spec=spec, options=options)
         killer.join()
         summary = generate(sources, out, spec=spec, options=options)
@@ -176,7 +177,7 @@ def test_a_worker_killed_by_the_system_ends_the_cli_with_the_infrastructure_exit
             time.sleep(0.01)
         os.kill(_workers_of(proc.pid)[0], signal.SIGKILL)  # as the kernel's OOM killer would
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode == workers.EXIT_INFRASTRUCTURE == 4, err
+        assert proc.returncode == EXIT_INFRASTRUCTURE == 4, err
         err = "".join(line for line in err.splitlines(True) if "of unknown data use" not in line)  # destinations.py
         first, *rest = err.strip().splitlines()  # the run's first line names the backends, then the one error line
         assert first.startswith("medbanana generate: writer gemini") and len(rest) == 1, err

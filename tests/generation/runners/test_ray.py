@@ -252,7 +252,8 @@ def test_a_driver_killed_while_merging_is_resumed(tmp_path, capsys):
 
 
 def test_a_second_driver_on_the_same_out_is_refused_at_once(tiny_sources, tmp_path, capsys):
-    from medbanana.generation.rundir.lock import EXIT_LOCKED, hold_lock
+    from medbanana.generation.failures import EXIT_LOCKED
+    from medbanana.generation.rundir.lock import hold_lock
 
     with hold_lock(tmp_path / "run" / SHARDS, "sharded run (its Ray driver)"):  # the first driver, still running
         code = main(["generate", "--sources", str(tiny_sources), "--out", str(tmp_path / "run"), "--backend",

@@ -10,7 +10,8 @@ from PIL import Image, ImageCms
 
 from conftest import SHARED_SAMPLES
 from medbanana.generation.sources.adapters import AdapterOptions, PrepareError
-from medbanana.generation.sources.prepare import MANIFEST, REPORT, PrepareOptions, prepare, read_prepare_manifest
+from medbanana.generation.destinations import MANIFEST
+from medbanana.generation.sources.prepare import REPORT, PrepareOptions, prepare, read_prepare_manifest
 from medbanana.generation.sources.preprocess import ImageOptions, prepare_image
 from medbanana.generation.rundir.provenance import jpeg_segments
 from medbanana.generation.sources.scan import scan_sources

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from medbanana.generation.sources.prepare import MANIFEST, PRIVATE, REPORT, read_prepare_manifest
+from medbanana.generation.destinations import MANIFEST
+from medbanana.generation.sources.prepare import PRIVATE, REPORT, read_prepare_manifest
 from medbanana.generation.sources.scan import scan_sources
 from prepare_fixtures import (brain_tree, dicom_bytes, odir_tree, png_with_chunk, run_prepare_process, save, scan)
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..generation.files import atomic_write_text
+from .files import atomic_write_text
 
 MISSING = "–"
 

@@ -17,8 +17,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..generation.files import atomic_write_bytes
-from ..generation.rundir import layout
+from ..failures import NotFound, UsageError
+from ..files import atomic_write_bytes
+from ..rundir import layout
 
 MANIFEST = "SHA256SUMS"
 _CHUNK = 8 * 2**20
@@ -30,7 +31,7 @@ _ESCAPES = {"\\": "\\", "n": "\n", "r": "\r"}
 _SHOWN_ERRORS = 20
 
 
-class ManifestError(ValueError):
+class ManifestError(UsageError):
     """A manifest line that is misformatted, names a path outside the folder, or repeats an entry."""
 
 
@@ -151,7 +152,7 @@ def read_manifest(folder: Path) -> dict[str, tuple[str, Path | None]]:
     folder = Path(folder)
     manifest = folder / MANIFEST
     if not manifest.is_file():
-        raise FileNotFoundError(f"{manifest} not found: is {folder} a folder made by `medbanana build`?")
+        raise NotFound(f"{manifest} not found: is {folder} a folder made by `medbanana build`?")
     path = layout.inside(folder, MANIFEST, named_by=f"the folder {folder}")
     entries: dict[str, tuple[str, Path | None]] = {}
     first_line: dict[str, int] = {}

@@ -3,13 +3,14 @@ the built dataset; Figure 3 is a PNG with its four panels; a missing matplotlib 
 
 import argparse
 import json
+import os
 import sys
 
 import pytest
 from PIL import Image
 
 from medbanana.builder.build import build
-from medbanana.evaluation import commands, stats
+from medbanana.builder import commands, paper, summary
 from medbanana.builder.reasons import reason_phrases
 from medbanana.generation.rundir import layout
 
@@ -64,7 +65,7 @@ def hand_run(tmp_path_factory):
 
 
 def test_table1_counts_match_the_hand_made_run(hand_run):
-    table = stats.table1(stats.summarise([hand_run]).stats)
+    table = paper.table1(summary.summarise([hand_run]).stats)
     rows = {(r[0], r[1]): r[2:] for r in table.rows}
     # diseases, success, failed, api_failed, success rate, avg rounds over successes
     assert rows[("chest_xray", "add")] == [2, 2, 1, 0, pytest.approx(2 / 3), pytest.approx(2.0)]
@@ -75,8 +76,8 @@ def test_table1_counts_match_the_hand_made_run(hand_run):
 
 
 def test_table2_pass_rates_and_failure_reasons_match_the_hand_made_run(hand_run):
-    summary = stats.summarise([hand_run])
-    rows = {r[0]: r[1:] for r in stats.table2(summary.stats).rows}
+    counts = summary.summarise([hand_run])
+    rows = {r[0]: r[1:] for r in paper.table2(counts.stats).rows}
     # 9 judged attempts (the refusal has no verdict). Compliance: add needs has_disease, remove its absence:
     # add verdicts has = T, F, F, T, T, F, F(fundus) -> 3 of 7; remove has = T, F -> 1 of 2: 4 of 9.
     assert rows["instruction compliance"] == [0.40, pytest.approx(4 / 9), 4, 9]
@@ -84,7 +85,7 @@ def test_table2_pass_rates_and_failure_reasons_match_the_hand_made_run(hand_run)
     assert rows["realism"] == [0.20, pytest.approx(8 / 9), 8, 9]
     assert rows["fidelity preservation"] == [0.15, pytest.approx(8 / 9), 8, 9]
     assert rows["qualified (all pass)"] == [None, pytest.approx(3 / 9), 3, 9]
-    reasons = {r[1]: (r[2], r[3]) for r in stats.reasons_table(summary).rows}
+    reasons = {r[1]: (r[2], r[3]) for r in summary.reasons_table(counts).rows}
     # 6 rejected attempts; SUBTLE in 3 of them, SPILL in 1, the Edema text in 1, one without a reason
     assert reasons["change too subtle in the lung apex"] == (3, pytest.approx(3 / 6))
     assert reasons["hard edges at the lesion border"] == (3, pytest.approx(3 / 6))
@@ -103,18 +104,18 @@ def test_reason_phrases_normalise_clauses():
 
 def test_a_built_dataset_gives_the_same_tables_as_its_run(hand_run, tmp_path):
     build([hand_run], tmp_path / "ds", configs=["conversations"], quiet=True)
-    from_run, from_dataset = stats.summarise([hand_run]), stats.summarise([tmp_path / "ds"])
-    for make in (stats.table1, stats.table2):
+    from_run, from_dataset = summary.summarise([hand_run]), summary.summarise([tmp_path / "ds"])
+    for make in (paper.table1, paper.table2):
         assert make(from_dataset.stats).rows == make(from_run.stats).rows
-    assert stats.reasons_table(from_dataset).rows == stats.reasons_table(from_run).rows
+    assert summary.reasons_table(from_dataset).rows == summary.reasons_table(from_run).rows
 
 
 def test_figure3_is_a_png_with_the_four_panels(hand_run, tmp_path):
     pytest.importorskip("matplotlib")
-    summary = stats.summarise([hand_run])
-    figure = stats.figure3(summary.stats)
-    assert [ax.get_title(loc="left") for ax in figure.axes] == list(stats.PANEL_TITLES)
-    path = stats.save_figure3(summary.stats, tmp_path / "f.png")
+    counts = summary.summarise([hand_run])
+    figure = paper.figure3(counts.stats)
+    assert [ax.get_title(loc="left") for ax in figure.axes] == list(paper.PANEL_TITLES)
+    path = paper.save_figure3(counts.stats, tmp_path / "f.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with Image.open(path) as im:
         im.verify()
@@ -138,6 +139,21 @@ def test_stats_command_writes_tables_figure_and_report(hand_run, tmp_path, capsy
         assert (out / name).is_file(), name
     assert "| total |  | 5 | 3 | 2 | 1 | 60.0% | 2.00 |" in (out / "table1.md").read_text()
     assert "![Figure 3" in (out / "report.md").read_text()
+    assert json.loads((out / "stats.json").read_text())["table1"][-1]["success"] == 3
+
+
+def test_stats_writes_no_file_through_a_link(hand_run, tmp_path):
+    """stats.json, report.md and figure3.png replace what a link left in the output folder points at, by a rename."""
+    pytest.importorskip("matplotlib")
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    for i, name in enumerate(("stats.json", "report.md", "figure3.png")):
+        (outside / name).write_text("precious")
+        (os.link if i % 2 == 0 else os.symlink)(outside / name, out / name)
+    args = stats_parser().parse_args(["stats", str(hand_run), "--out", str(out)])
+    assert args.func(args) == 0
+    assert [(outside / name).read_text() for name in ("stats.json", "report.md", "figure3.png")] == ["precious"] * 3
     assert json.loads((out / "stats.json").read_text())["table1"][-1]["success"] == 3
 
 

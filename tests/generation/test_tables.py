@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from medbanana.builder.tables import MISSING, Table
+from medbanana.generation.tables import MISSING, Table
 
 
 def test_hostile_text_stays_in_one_cell_and_opens_no_html():

@@ -3,7 +3,7 @@ JSON object of tasks may name each task key once; entries are decoded one by one
 refusal naming the file, the entry and the field (msgspec's `$...` path) instead of a traceback.
 
 Errors that make a whole file unreadable (syntax, encoding, a duplicate task key) are ValueErrors that stop the
-build whatever the `--unsafe` policy: there is no entry to leave out. A malformed entry is a `safety.Refused`.
+build whatever the `--unsafe` policy: there is no entry to leave out. A malformed entry is a `confined.Refused`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import msgspec
 
-from ..generation.rundir import schema
-from .safety import MALFORMED, Refused, inside
+from . import schema
+from .confined import MALFORMED, Refused, inside
+from ..failures import UsageError
 
 ENTRIES = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _CHUNK = 1 << 20
@@ -33,7 +34,7 @@ _END = re.compile(rb"\s*\}\s*\Z")
 
 def load(run_dir: Path, relative: str, named_by: str, scope: str | None = None):
     """The bytes of a JSON file inside the run (a read-only mapping, or b"" when empty); None when absent.
-    Raises Refused when the path leads outside the run, or outside `scope` (`safety.inside`), e.g. by a symlink."""
+    Raises Refused when the path leads outside the run, or outside `scope` (`confined.inside`), e.g. by a symlink."""
     path = inside(run_dir, relative, named_by, scope)
     if not path.is_file():
         return None
@@ -62,7 +63,7 @@ def require_utf8(data, path: Path) -> None:
                 decoder.decode(chunk.tobytes())  # keeps a character cut at the chunk's end for the next
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (byte {start + exc.start}: {exc.reason}); "
+        raise UsageError(f"{path}: not UTF-8 text (byte {start + exc.start}: {exc.reason}); "
                          "JSON files must be UTF-8") from None
     finally:
         view.release()
@@ -74,7 +75,7 @@ def decode(data, decoder: msgspec.json.Decoder, path: Path):
     try:
         return decoder.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # DecodeError covers ValidationError
-        raise ValueError(f"{path}: {exc}") from None
+        raise UsageError(f"{path}: {exc}") from None
 
 
 def entries(data, path: Path) -> dict[str, msgspec.Raw]:
@@ -145,9 +146,9 @@ def statuses(data, path: Path) -> dict:
     try:
         pairs = json.loads(bytes(data), object_pairs_hook=_Pairs)
     except ValueError as exc:  # JSONDecodeError
-        raise ValueError(f"{path}: {exc}") from None
+        raise UsageError(f"{path}: {exc}") from None
     if not isinstance(pairs, _Pairs):  # bad input, told as the ValueError every unreadable file is
-        raise ValueError(f"{path}: not a JSON object of task statuses")  # noqa: TRY004
+        raise UsageError(f"{path}: not a JSON object of task statuses")  # noqa: TRY004
     _require_once(pairs, path)
     return dict(pairs)
 
@@ -164,5 +165,5 @@ def _require_once(pairs: list, path: Path) -> None:
     twice = sorted(key for key, n in Counter(key for key, _ in pairs).items() if n > 1)
     if twice:
         more = f" (and {len(twice) - 1} more)" if len(twice) > 1 else ""
-        raise ValueError(f"{path}: task key {twice[0]!r}{more} appears more than once; a JSON object keeps only "
+        raise UsageError(f"{path}: task key {twice[0]!r}{more} appears more than once; a JSON object keeps only "
                          "the last entry of a key, so the others would be lost: keep one entry per task")

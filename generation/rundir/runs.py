@@ -15,11 +15,11 @@ Four inputs give the same `TaskRecord`s:
 Images are always found by the layout (`generation.rundir.layout`), never by the absolute `final_image_path` of
 the machine that made the run. JSON is decoded with msgspec into the Structs of `generation.rundir.schema` (about
 five times faster than `json` on these files, and only the fields used are kept); `run_json` reads the files,
-`run_readers` turns entries into records.
+`readers` turns entries into records.
 
 Nothing is read from outside the folder the user named: folders, JSON files and image-only listings found here,
-and every image path an entry implies, go through `layout.inside` (via `safety`); an input that fails is a
-`safety.Refused`, raised, or handed to the caller's `refused` function to be recorded (the build's `--unsafe skip`).
+and every image path an entry implies, go through `layout.inside` (via `confined`); an input that fails is a
+`confined.Refused`, raised, or handed to the caller's `refused` function to be recorded (the build's `--unsafe skip`).
 When the user names one output folder (`RUN/{D}-edit`) rather than its run, paths keep their run-relative form
 (`{D}-edit/...`) but must stay in that folder or its `-failed` sibling (the unit's and task's `scope`); the run's
 own files (medbanana-run.json) are then not read.
@@ -29,95 +29,13 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
-import msgspec
-
-from ..generation.rundir import layout
-from ..generation.taxonomy import load_taxonomy
-from ..generation.rundir import schema
-from .safety import OUTSIDE, Confined, Refused, handle, inside
-
-RECORDS_JSONL = "records.jsonl"
-
-
-# msgspec Structs rather than dataclasses: made several times faster (a release has ~280,000 attempts), and gc=False
-# keeps them out of the cyclic collector's sight (they hold no cycles)
-class AttemptRecord(msgspec.Struct, gc=False):
-    round: int | None  # None for image-only releases, where the round is not known
-    instruction: str | None
-    writer_thinking_json: msgspec.Raw | None = None  # decoded on use (see generation/rundir/schema.py)
-    edit_error: str | None = None  # set when the editor produced no image this round
-    verdict: schema.Verification | None = None  # as the judge answered; `records.verdict_values` normalises it
-    judge_thinking_json: msgspec.Raw | None = None
-    judge_model: str | None = None
-    accepted: bool = False
-    image: str | None = None  # path relative to the run directory; None when no image was produced
-    seconds: float | None = None
-    usage_json: msgspec.Raw | None = None  # tokens per role (ours), decoded only to count them (stats.py)
-    geometry: schema.GeometryRecord | None = None  # the geometry guard's record, or measured by the build
-
-    @property
-    def writer_thinking(self) -> str | None:
-        return schema.text(self.writer_thinking_json)
-
-    @property
-    def judge_thinking(self) -> str | None:
-        return schema.text(self.judge_thinking_json)
-
-
-class TaskRecord(msgspec.Struct, gc=False):
-    uid: str
-    run_dir: Path
-    dataset: str
-    modality: str | None
-    disease: str
-    direction: str  # add | remove (the `task` column and JSON field)
-    source_id: str
-    status: str  # success | failed | api_failed
-    attempts: list[AttemptRecord] = msgspec.field(default_factory=list)
-    success_round: int | None = None
-    source_path: str | None = None
-    source_sha256: str | None = None
-    final_prompt: str | None = None
-    final_image: str | None = None
-    api_failure: dict | None = None  # {step, round, error, kind}
-    models: dict | None = None  # {writer, editor, judge}
-    seed: int | None = None
-    origin_file: Path | None = None  # the file that named the task, for messages: JSON, records or image folder
-    origin_entry: str | int | None = None  # its task key, or line number in a records file
-    scope: str | None = None  # the output folder the user named, when not the whole run (see the module's note)
-
-    accepted: AttemptRecord | None = None  # the accepted attempt, also in `attempts`
-
-    @property
-    def origin(self) -> str:
-        """Where the task comes from, e.g. `RUN/X-edit/all_conversations.json, entry 'n0001-Effusion'`."""
-        if self.origin_entry is None:
-            return str(self.origin_file or self.run_dir)
-        if isinstance(self.origin_entry, int):
-            return f"{self.origin_file}, line {self.origin_entry}"
-        return f"{self.origin_file}, entry {self.origin_entry!r}"
-
-
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """One thing to read: an output folder with JSON, a records file, or an image-only output folder."""
-
-    kind: str  # json | records | images
-    run_dir: Path  # image paths are relative to it
-    path: Path
-    dataset: str | None = None
-    direction: str | None = None
-    classes: tuple[str, ...] = ()  # image-only units: the class folders that passed the containment rule
-    scope: str | None = None  # the output folder the user named, when not the whole run: paths must stay in it
-
-    @property
-    def label(self) -> str:
-        return f"{self.run_dir.name}/{self.path.name}"
-
+from . import layout, readers, schema
+from .confined import OUTSIDE, Confined, Refused, handle, inside
+from .layout import RECORDS_JSONL
+from .task_records import TaskRecord, Unit, image_files
+from ..failures import NotFound, UsageError
 
 def discover_units(run_path: Path, refused=None) -> list[Unit]:
     """Everything readable in a run directory (or a records file, or a single `{D}-edit` folder).
@@ -127,10 +45,10 @@ def discover_units(run_path: Path, refused=None) -> list[Unit]:
     run_path = Path(run_path)
     if run_path.is_file():
         if run_path.suffix != ".jsonl":
-            raise ValueError(f"{run_path}: a run is a directory or a .jsonl file of §5.2 records")
+            raise UsageError(f"{run_path}: a run is a directory or a .jsonl file of §5.2 records")
         return [Unit("records", run_path.parent, run_path)]
     if not run_path.is_dir():
-        raise FileNotFoundError(f"run directory not found: {run_path}")
+        raise NotFound(f"run directory not found: {run_path}")
     listing = f"the listing of {run_path}"
     if (run_path / RECORDS_JSONL).is_file():
         try:
@@ -154,7 +72,7 @@ def discover_units(run_path: Path, refused=None) -> list[Unit]:
         if unit is not None:
             units.append(unit)
     if not units:
-        raise ValueError(f"{run_path}: no {{D}}-edit / {{D}}-remove folders with JSON or images, "
+        raise UsageError(f"{run_path}: no {{D}}-edit / {{D}}-remove folders with JSON or images, "
                          f"and no {RECORDS_JSONL}; is this a Med-Banana run directory?")
     return units
 
@@ -182,12 +100,10 @@ def _unit(root: Path, dataset: str, direction: str, path: Path, refused, scope: 
 def read_tasks(unit: Unit, part: int = 0, parts: int = 1, refused=None) -> list[TaskRecord]:
     """The unit's tasks, or only the `part`-th of `parts` contiguous blocks of them (for parallel builds).
 
-    A malformed entry, or one whose image paths lead outside the run, is refused (`safety.Refused`): raised when
+    A malformed entry, or one whose image paths lead outside the run, is refused (`confined.Refused`): raised when
     `refused` is None, else passed to it and left out. A file that cannot be read at all is a ValueError."""
-    from . import run_readers  # it builds on this module's records
-
-    reader = {"json": run_readers.read_json_unit, "records": run_readers.read_records_unit,
-              "images": run_readers.read_image_unit}[unit.kind]
+    reader = {"json": readers.read_json_unit, "records": readers.read_records_unit,
+              "images": readers.read_image_unit}[unit.kind]
     # Bulk loading makes ~10 objects per attempt and no reference cycles: the cyclic collector would rescan
     # the growing heap again and again (a third of the time at release scale) for nothing.
     enabled = gc.isenabled()
@@ -224,7 +140,7 @@ def recorded_max_rounds(run_dir: Path, refused=None) -> int | None:
         handle(Refused(str(exc), OUTSIDE), refused)
         return None
     if value is not None and (value.__class__ is not int or not 0 < value < 1000):
-        raise ValueError(f"{config}: field 'max_rounds' is {value!r:.40}, not a number of rounds")
+        raise UsageError(f"{config}: field 'max_rounds' is {value!r:.40}, not a number of rounds")
     return value
 
 
@@ -263,32 +179,5 @@ def recorded_partial(run_dir: Path) -> dict | None:
     return {"of": shards["of"], "merged": merged}
 
 
-def block_of(items: list, part: int, parts: int) -> list:
-    return items[len(items) * part // parts: len(items) * (part + 1) // parts]
-
-
-def image_files(unit: Unit):
-    """Run-relative paths of the image files (or symlinks: checked when read) of an image-only unit's class
-    folders, those that passed the containment rule when the unit was found."""
-    folder = unit.path.relative_to(unit.run_dir).as_posix()
-    for class_name in unit.classes:
-        with os.scandir(unit.path / class_name) as found:
-            names = sorted(e.name for e in found if e.is_file(follow_symlinks=False) or e.is_symlink())
-        for name in names:
-            if os.path.splitext(name)[1].lower() in layout.IMAGE_SUFFIXES:
-                yield f"{folder}/{class_name}/{name}"
-
-
 def _has_json(folder: Path) -> bool:
     return (folder / layout.ALL_CONVERSATIONS).is_file() or (folder / layout.PROGRESS).is_file()
-
-
-@lru_cache(maxsize=4096)
-def infer_modality(dataset: str | None, disease: str | None) -> str | None:
-    """From the dataset folder name (mimic -> chest_xray, Brain-MRI -> brain_mri, ...), else from the disease."""
-    taxonomy = load_taxonomy()
-    found = taxonomy.infer_modality(dataset) if dataset else None
-    if found:
-        return found
-    label = taxonomy.find(disease) if disease and disease.lower() != "normal" else None
-    return label.modality if label else None

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from datasets import Features, Image, List, Value
 
-from ..generation.records import VERDICT_COLUMNS, VERDICT_FIELDS  # noqa: F401  (VERDICT_FIELDS: re-exported)
-from . import CONFIG_NAMES, DEFAULT_CONFIG, PUBLISHED_CONFIGS, REVIEW_CONFIG  # noqa: F401  (re-exported)
-from ..generation.records import VERDICT_BOOLEANS
+from ..records import VERDICT_BOOLEANS, VERDICT_COLUMNS
+from .configs import REVIEW_CONFIG
 
 IDENTITY = {
     "uid": Value("string"),  # "{dataset}/{add|remove}/{source_id}-{disease}": one editing task, unique in a build
@@ -47,14 +46,14 @@ ROUND_ITEM = {
 }
 
 # computed from the images, not annotated (generation/masks.py: MASK_METHOD): stored by the run when it wrote each
-# image, else computed by the build from the source; null when neither (builder/run_masks.py)
+# image, else computed by the build from the source; null when neither (generation/rundir/stored_masks.py)
 MASKS = {
     "edit_mask": Image(),  # PNG (L, 0/255) at the edit's size: where the edit differs from its source beyond noise
     "region_mask": Image(),  # PNG (L, 0/255) at the source's size: the target's anatomical region on the source
 }
 
 # measured, not annotated (generation/geometry.py: METHOD): by the run's geometry guard when it made each edit, else
-# by the build from the source; null when neither (builder/run_geometry.py). At the source's resolution.
+# by the build from the source; null when neither (generation/rundir/alignment.py). At the source's resolution.
 ALIGNMENT = {
     "aligned": Value("bool"),  # the row's edited image lies on its source's grid (true for an edit warped back)
     "shift_px": Value("float32"),  # how far the editor moved the frame's centre, px

@@ -7,7 +7,7 @@ another dataset's folder of the input layout.
 
 Only files inside the folder are read: the walk does not enter linked folders, and a file found (a symlink, say)
 goes through `layout.inside` before it is read; its bytes must be a JPEG or PNG image. Either failure is a
-`safety.Refused` naming the file and the task it was looked up for.
+`confined.Refused` naming the file and the task it was looked up for.
 """
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ import io
 import os
 from pathlib import Path
 
-from ..generation.rundir.layout import IMAGE_SUFFIXES
-from .safety import SOURCE_MISMATCH, Confined, Refused, inside
+from .layout import IMAGE_SUFFIXES
+from .confined import SOURCE_MISMATCH, Confined, Refused, inside
+from ..failures import NotFound
 
 
 class SourceIndex:
     def __init__(self, root: Path):
         self.root = Path(root)
         if not self.root.is_dir():
-            raise FileNotFoundError(f"source images folder not found: {self.root}")
+            raise NotFound(f"source images folder not found: {self.root}")
         self._by_stem: dict[str, list[str]] = {}
         self._dataset_dirs: set[str] = set()  # folders of the input layout's {D}: those holding normal/
         for folder, dirs, files in os.walk(self.root):  # followlinks=False: a linked folder is not entered
@@ -45,7 +46,7 @@ class SourceIndex:
 
     def find(self, dataset: str | None, direction: str | None, disease: str | None, source_id: str,
              source_path: str | None = None) -> Path | None:
-        """The source image file of a task, or None when this folder does not have it. Raises `safety.Refused`
+        """The source image file of a task, or None when this folder does not have it. Raises `confined.Refused`
         when the file found leads outside the folder."""
         rel = self._find(dataset, direction, disease, source_id, source_path)
         if rel is None:
@@ -55,7 +56,7 @@ class SourceIndex:
     def image_value(self, dataset: str | None, direction: str | None, disease: str | None, source_id: str,
                     source_path: str | None = None, sha256: str | None = None) -> dict | None:
         """`{"bytes", "path"}` for a datasets Image column: the file's bytes as they are, or None. Raises
-        `safety.Refused` when the file leads outside the folder or is not a JPEG or PNG image, or, given the
+        `confined.Refused` when the file leads outside the folder or is not a JPEG or PNG image, or, given the
         `sha256` the run recorded of the source it edited, when the file's content is another (SOURCE_MISMATCH:
         e.g. the original download rather than the prepared source, at another size)."""
         rel = self._find(dataset, direction, disease, source_id, source_path)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..generation.rundir.schema import GeometryRecord
-from .runs import AttemptRecord, TaskRecord
+from .schema import GeometryRecord
+from .task_records import AttemptRecord, TaskRecord
 
 RECORDED, COMPUTED, MISSING = "recorded", "computed", "missing"  # where an attempt image's alignment came from
 COLUMNS = ("aligned", "shift_px", "scale", "rotation_deg")
@@ -34,8 +34,8 @@ def fill_geometry(task: TaskRecord, images: dict[str, dict | None], source: dict
         if source is None:
             counts[(MISSING, "")] += 1
             continue
-        from ..generation.geometry import estimate_geometry  # only here: a build of recorded runs imports no scipy
-        from ..generation.registration import prepare_source
+        from ..geometry import estimate_geometry  # only here: a build of recorded runs imports no scipy
+        from ..registration import prepare_source
 
         try:
             prepared = prepared or prepare_source(source["bytes"])

@@ -18,12 +18,12 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from ..generation.mask_check import (LIKE_PIXELS, MAX_MASK_PIXELS, TOO_LARGE, MaskProblem, header_size,
+from ..mask_check import (LIKE_PIXELS, MAX_MASK_PIXELS, TOO_LARGE, MaskProblem, header_size,
                                      mask_problem, max_mask_bytes)
-from ..generation.records import TaskMasks
-from ..generation.rundir import layout
-from .runs import TaskRecord
-from .safety import Confined, NotRegular, Refused, inside
+from ..records import TaskMasks
+from . import layout
+from .task_records import TaskRecord
+from .confined import Confined, NotRegular, Refused, inside
 
 STORED, COMPUTED, MISSING = "stored", "computed", "missing"  # where an attempt image's edit mask came from
 REJECTED, REGION_REJECTED = "rejected", "region_rejected"  # stored masks refused on read (of the images above)
@@ -141,7 +141,7 @@ def row_masks(task: TaskRecord, images: dict[str, dict | None], source: dict | N
     wanted = [relpath for relpath, value in masks.edits.items() if value is None and images[relpath] is not None]
     if source_size is not None and source_size[0] * source_size[1] <= MAX_MASK_PIXELS and \
             (wanted or masks.region is None):
-        from ..generation.masks import task_masks  # only here: a build of stored masks never imports scipy
+        from ..masks import task_masks  # only here: a build of stored masks never imports scipy
 
         bounded = [relpath for relpath in wanted if _bounded(images[relpath])]
         computed = task_masks({relpath: images[relpath] for relpath in bounded}, source, task.modality, task.disease)

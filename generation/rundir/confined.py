@@ -15,7 +15,8 @@ import os
 import stat
 from pathlib import Path
 
-from ..generation.rundir import layout
+from . import layout
+from ..failures import UsageError
 
 POLICIES = ("error", "skip")
 OUTSIDE = "outside its root"  # kinds of refusal, as counted in the build's statistics
@@ -31,7 +32,7 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY
 _SYMLINK_ERRNOS = {errno.ELOOP, errno.EMLINK}  # what open(O_NOFOLLOW) gives on a symlink (Linux/macOS, BSD)
 
 
-class Refused(ValueError):
+class Refused(UsageError):
     """An input the build will not use. The message names the file, what named it, and why."""
 
     def __init__(self, message: str, kind: str):
@@ -42,7 +43,7 @@ class Refused(ValueError):
         return Refused, (str(self), self.kind)
 
 
-class NotRegular(ValueError):
+class NotRegular(UsageError):
     """What stands at a data-named path is no file to read (a folder, a device, a FIFO: `too_large` False) or is a
     file too large to read (`too_large` True). The message names the path."""
 

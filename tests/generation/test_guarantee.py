@@ -1,4 +1,4 @@
-"""The statistics of builder/guarantee.py against brute force: exact enumeration where the distribution is small
+"""The statistics of generation/guarantee.py against brute force: exact enumeration where the distribution is small
 (binomial tails, Clopper-Pearson coverage, the stratified bound's level, PPI's unbiasedness over every sample), and
 simulation where it is not (fixed-sequence Learn-then-Test's error rate, PPI's interval coverage)."""
 
@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 import pytest
-from medbanana.builder.guarantee import (
+from medbanana.generation.guarantee import (
     PPIStratum,
     StratumCount,
     binomial_tail,

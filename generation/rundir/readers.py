@@ -6,7 +6,7 @@ or remove, a status is known, round numbers are distinct, a success names one of
 is a boolean (or "true"/"false"), numbers fit their columns, and every image path the entry implies (from
 `dataset`, `source_id`, the task key, the disease) or records (`final_image`) stays inside the folder the user
 named. Entries whose files disagree are refused too: a `success_round` whose edit failed (no image to accept), a
-success in progress.json with no entry in all_conversations.json. A bad entry is a `safety.Refused` naming the
+success in progress.json with no entry in all_conversations.json. A bad entry is a `confined.Refused` naming the
 file, the entry and the field; the caller's policy raises it or records it.
 """
 
@@ -17,15 +17,13 @@ from pathlib import Path
 
 import msgspec
 
-from ..generation.records import VERDICT_FIELDS, json_bool, task_uid
-from ..generation.rundir import layout
-from ..generation.taxonomy import DIRECTIONS, load_taxonomy
-from . import run_json
-from ..generation.rundir import schema
-from .runs import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_modality
-from .safety import INCONSISTENT, MALFORMED, Confined, Refused, handle
+from ..records import json_bool, task_uid
+from ..outcomes import STATUSES, TaskStatus
+from ..taxonomy import DIRECTIONS, load_taxonomy
+from . import layout, run_json, schema
+from .confined import INCONSISTENT, MALFORMED, Confined, Refused, handle
+from .task_records import AttemptRecord, TaskRecord, Unit, block_of, image_files, infer_modality
 
-STATUSES = schema.STATUSES
 _NO_ROUND = object()  # equal to no round number: a task that is not a success accepts none
 _INT32 = 2**31
 
@@ -54,7 +52,7 @@ def read_json_unit(unit: Unit, part: int, parts: int, confined: Confined, refuse
             if raw is None:
                 failure = failures.get(key)
                 origin = (prog_path, key)
-                if status == "success":  # its rounds and accepted image are unknown: not a success to publish
+                if status == TaskStatus.SUCCESS:  # its rounds and accepted image are unknown: not a success to publish
                     raise Refused(f"{_where(origin)}: status 'success' but {layout.ALL_CONVERSATIONS} has no entry "
                                   "for it (no rounds, no accepted edit)", INCONSISTENT)
                 disease = (failure.disease if failure else None) or _disease_from_key(key, origin)
@@ -71,23 +69,23 @@ def read_json_unit(unit: Unit, part: int, parts: int, confined: Confined, refuse
 
 
 def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_status: str | None,
-                     failure: schema.ApiFailure | None, confined: Confined, origin: tuple,
+                     failure: schema.ApiFailureEntry | None, confined: Confined, origin: tuple,
                      fail_path: Path) -> TaskRecord:
     disease = entry.disease or _disease_from_key(key, origin)
-    status = entry.status or progress_status or "failed"
+    status = entry.status or progress_status or TaskStatus.FAILED
     task = _new_task(unit, key, disease, status, entry, failure, origin, fail_path)
     rounds = entry.rounds
     numbers = [r.round or i + 1 for i, r in enumerate(rounds)]
     if entry.success_round is not None:
         task.success_round = entry.success_round
-    elif status == "success" and numbers:
+    elif status == TaskStatus.SUCCESS and numbers:
         task.success_round = numbers[-1]
     _check_rounds(task, numbers)
     # Run for every attempt of a release (~280,000): the common case of each check is tested inline, and the
     # helpers (which name the round in a refusal) are called only otherwise.
     run_dir, scope = unit.run_dir, unit.scope
     dataset, direction, source_id = task.dataset, task.direction, task.source_id
-    accepted_round = task.success_round if status == "success" else _NO_ROUND
+    accepted_round = task.success_round if status == TaskStatus.SUCCESS else _NO_ROUND
     for number, raw in zip(numbers, rounds):
         def where(number=number) -> str:  # formatted only for a refusal: most attempts never need it
             return f"{task.origin}, round {number}"
@@ -108,7 +106,7 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
         seconds = raw.seconds
         if seconds is not None and seconds.__class__ is not float:
             seconds = _seconds(seconds, where)
-        _add_attempt(task, AttemptRecord(
+        task.add_attempt(AttemptRecord(
             round=number, instruction=raw.instruction or (prompt.prompt if prompt else None),
             writer_thinking_json=prompt.thinking_summary if prompt else None,
             edit_error=None if edited else (edit.error or "the editor produced no image"),
@@ -125,7 +123,7 @@ def _task_from_entry(unit: Unit, key: str, entry: schema.Conversation, progress_
 
 
 def _new_task(unit: Unit, key: str, disease: str, status: str | None, entry: schema.Conversation,
-              failure: schema.ApiFailure | None, origin: tuple, fail_path: Path | None = None) -> TaskRecord:
+              failure: schema.ApiFailureEntry | None, origin: tuple, fail_path: Path | None = None) -> TaskRecord:
     dataset = entry.dataset or unit.dataset
     direction = entry.task or unit.direction
     if direction not in DIRECTIONS:
@@ -145,16 +143,10 @@ def _new_task(unit: Unit, key: str, disease: str, status: str | None, entry: sch
     return TaskRecord(
         uid=entry.uid or task_uid(dataset, direction, source_id, disease), run_dir=unit.run_dir,
         dataset=dataset, modality=entry.modality or infer_modality(dataset, disease), disease=disease,
-        direction=direction, source_id=source_id, status=status, source_path=entry.source_path,
+        direction=direction, source_id=source_id, status=TaskStatus(status), source_path=entry.source_path,
         source_sha256=entry.source_sha256, models=msgspec.structs.asdict(entry.models) if entry.models else None,
         seed=entry.seed, api_failure=api_failure,
         origin_file=origin[0], origin_entry=origin[1], scope=unit.scope)
-
-
-def _add_attempt(task: TaskRecord, attempt: AttemptRecord) -> None:
-    task.attempts.append(attempt)
-    if attempt.accepted:
-        task.accepted = attempt
 
 
 def _final_image(task: TaskRecord) -> str | None:
@@ -188,25 +180,25 @@ def _task_from_record(unit: Unit, line_no: int, line: bytes, confined: Confined)
         raise Refused(f"{where}: not a §5.2 record: {exc}", MALFORMED) from None
     source_id = Path(rec.image_id).stem
     disease, dataset, direction = rec.disease, rec.dataset, rec.task
-    status = rec.outcome or "failed"
+    status = rec.outcome or TaskStatus.FAILED
     if direction not in DIRECTIONS:
         raise Refused(f"{where}: field 'task' is {_show(direction)}, not 'add' or 'remove'", MALFORMED)
     if status not in STATUSES:
         raise Refused(f"{where}: field 'outcome' is {_show(status)}, not one of {', '.join(STATUSES)}", MALFORMED)
     task = TaskRecord(uid=task_uid(dataset, direction, source_id, disease), run_dir=unit.run_dir, dataset=dataset,
                       modality=rec.modality or infer_modality(dataset, disease), disease=disease,
-                      direction=direction, source_id=source_id, status=status, success_round=rec.success_round,
+                      direction=direction, source_id=source_id, status=TaskStatus(status), success_round=rec.success_round,
                       origin_file=unit.path, origin_entry=line_no, scope=unit.scope)
     _check_rounds(task, [raw.round for raw in rec.rounds])
     for raw in rec.rounds:
-        accepted = status == "success" and raw.round == task.success_round
+        accepted = status == TaskStatus.SUCCESS and raw.round == task.success_round
         def at_round(number=raw.round) -> str:
             return f"{where}, round {number}"
 
         _check_score(raw.verdict, at_round)
         image = layout.attempt_image_relpath(dataset, direction, source_id, disease, raw.round, accepted)
         confined.check(unit.run_dir, image, at_round, unit.scope)
-        _add_attempt(task, AttemptRecord(
+        task.add_attempt(AttemptRecord(
             round=raw.round, instruction=raw.instruction, verdict=raw.verdict, accepted=accepted,
             judge_thinking_json=raw.verdict.thinking_summary if raw.verdict else None, image=image))
     task.final_image = _final_image(task)
@@ -226,45 +218,15 @@ def read_image_unit(unit: Unit, part: int, parts: int, confined: Confined, refus
         origin = (unit.path, None)
         try:
             disease = relative.split("/")[-2] if unit.direction == "add" else _disease_from_key(key, origin)
-            task = _new_task(unit, key, disease, "success", schema.Conversation(), None, origin)
+            task = _new_task(unit, key, disease, TaskStatus.SUCCESS, schema.Conversation(), None, origin)
         except Refused as exc:
             handle(exc, refused)
             continue
         # the file itself is checked when read: its folder passed the rule when the unit was found
-        _add_attempt(task, AttemptRecord(round=None, instruction=None, accepted=True, image=relative))
+        task.add_attempt(AttemptRecord(round=None, instruction=None, accepted=True, image=relative))
         task.final_image = relative
         tasks.append(task)
     return tasks
-
-
-# --- a built dataset's conversations rows ------------------------------------------------------------------
-
-def read_built_conversations(folder: Path):
-    """Task records rebuilt from a built dataset's `conversations` rows (no images needed), one at a time."""
-    import pyarrow.parquet as pq
-
-    files = sorted(Path(folder).glob("conversations/*.parquet"))
-    if not files:
-        raise ValueError(f"{folder}: no conversations/*.parquet; stats needs the conversations config "
-                         "(build with --configs including conversations), or the run directories")
-    columns = ["uid", "source_id", "dataset", "modality", "disease", "task", "run", "status", "success_round",
-               "rounds"]
-    for file in files:
-        for batch in pq.ParquetFile(file).iter_batches(batch_size=1024, columns=columns):
-            for row in batch.to_pylist():
-                yield _task_from_row(row, Path(folder))
-
-
-def _task_from_row(row: dict, folder: Path) -> TaskRecord:
-    task = TaskRecord(uid=row["uid"], run_dir=Path(row["run"] or folder.name), dataset=row["dataset"],
-                      modality=row["modality"], disease=row["disease"], direction=row["task"],
-                      source_id=row["source_id"], status=row["status"], success_round=row["success_round"])
-    for r in row["rounds"] or []:
-        judged = r["qualified"] is not None or r["has_disease"] is not None
-        verdict = schema.Verification(**{k: r[k] for k in VERDICT_FIELDS}) if judged else None
-        _add_attempt(task, AttemptRecord(round=r["round"], instruction=r["instruction"], edit_error=r["edit_error"],
-                                         verdict=verdict, accepted=bool(r["accepted"]), image=r["image"]))
-    return task
 
 
 # --- checks ----------------------------------------------------------------------------------------------
@@ -284,7 +246,7 @@ def _check_rounds(task: TaskRecord, numbers: list[int]) -> None:
     if len(set(numbers)) != len(numbers):
         twice = next(n for n in numbers if numbers.count(n) > 1)
         raise Refused(f"{task.origin}: round {twice} appears more than once in 'rounds'", MALFORMED)
-    if task.status == "success" and task.success_round not in numbers:
+    if task.status == TaskStatus.SUCCESS and task.success_round not in numbers:
         if not numbers:
             raise Refused(f"{task.origin}: status 'success' but no rounds", MALFORMED)
         raise Refused(f"{task.origin}: field 'success_round' is {task.success_round}, not one of its rounds "
@@ -322,7 +284,7 @@ def _seconds(value, where) -> float | None:
     raise Refused(f"{where()}: field 'seconds' is {_show(value)}, not a number", MALFORMED)
 
 
-def _failure_round(failure: schema.ApiFailure, path: Path | None) -> int | None:
+def _failure_round(failure: schema.ApiFailureEntry, path: Path | None) -> int | None:
     """The round of an API failure, read leniently as the original scripts wrote it, within its int32 column."""
     try:
         value = int(failure.round) if failure.round is not None else None

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ..generation.records import VERDICT_BOOLEANS
+from ..records import VERDICT_BOOLEANS
+from ..failures import NotFound, UsageError
 
 DB_NAME = "review.sqlite"
 IMAGES = "images"  # the folder of the items' images, the only files the page serves
@@ -125,9 +126,9 @@ class ReviewFolder:
     def open(cls, folder: Path) -> ReviewFolder:
         store = cls(folder)  # a ReviewStore when review/store.py opens it
         if store.path.is_symlink():
-            raise ValueError(f"{store.path} is a symlink: a review's store is opened only as a file of its folder")
+            raise UsageError(f"{store.path} is a symlink: a review's store is opened only as a file of its folder")
         if not store.path.is_file():
-            raise FileNotFoundError(f"{folder}: not a review folder (no {DB_NAME}); create one with "
+            raise NotFound(f"{folder}: not a review folder (no {DB_NAME}); create one with "
                                     "`medbanana review DATASET_OR_RUN --out DIR`")
         return store
 
@@ -166,7 +167,7 @@ class ReviewFolder:
         for item in self.items():
             for name in item.images:
                 if not isinstance(name, str) or not IMAGE_NAME.fullmatch(name):
-                    raise ValueError(f"{self.path}: item {item.item_id} names the image {str(name)[:200]!r}, not one "
+                    raise UsageError(f"{self.path}: item {item.item_id} names the image {str(name)[:200]!r}, not one "
                                      f"of the review's {IMAGES}/<digest>.png: this review folder was altered")
 
     def read_image(self, name: str) -> bytes:
@@ -175,24 +176,24 @@ class ReviewFolder:
         most MAX_IMAGE_BYTES, whose content still hashes to its name. ValueError naming it otherwise."""
         match = IMAGE_NAME.fullmatch(name) if isinstance(name, str) else None
         if match is None:
-            raise ValueError(f"{str(name)[:200]!r} is not one of the review's {IMAGES}/<digest>.png names")
+            raise UsageError(f"{str(name)[:200]!r} is not one of the review's {IMAGES}/<digest>.png names")
         folder = self.folder / IMAGES
         if folder.is_symlink() or not folder.is_dir():
-            raise ValueError(f"{folder} is not the review's own folder of images (a link, or missing)")
+            raise UsageError(f"{folder} is not the review's own folder of images (a link, or missing)")
         flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         path = self.folder / name
         try:
             fd = os.open(path, flags)
         except OSError as exc:
-            raise ValueError(f"{path} cannot be opened ({exc.strerror}; a link is never followed)") from None
+            raise UsageError(f"{path} cannot be opened ({exc.strerror}; a link is never followed)") from None
         info = os.fstat(fd)  # the descriptor's own checks (no race with a swap), before open() wraps it
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_IMAGE_BYTES:
             os.close(fd)
-            raise ValueError(f"{path} is not a regular file of at most {MAX_IMAGE_BYTES:,} bytes")
+            raise UsageError(f"{path} is not a regular file of at most {MAX_IMAGE_BYTES:,} bytes")
         with open(fd, "rb") as fh:
             data = fh.read(MAX_IMAGE_BYTES + 1)
         if hashlib.sha256(data).hexdigest()[:20] != match["digest"]:
-            raise ValueError(f"{path}: its content is not the image the review stored under that name")
+            raise UsageError(f"{path}: its content is not the image the review stored under that name")
         return data
 
     def answers(self) -> list[StoredAnswer]:

@@ -26,14 +26,12 @@ from collections.abc import Callable, Iterable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from ..generation.rundir.lock import hold_lock
-from . import PUBLISHED_CONFIGS
+from ..rundir.lock import hold_lock
+from .configs import PUBLISHED_CONFIGS
+from .folder import BUILD_INFO, CARD, FIGURE
 from .manifest import MANIFEST
 
-BUILD_INFO = "medbanana-build.json"
-README = "README.md"
-FIGURE = "figure3.png"  # the paper's Figure 3 beside the card (paper.py)
-OWN_FILES = frozenset({BUILD_INFO, README, MANIFEST, FIGURE})
+OWN_FILES = frozenset({BUILD_INFO, CARD, MANIFEST, FIGURE})
 _SHOWN = 5  # unknown entries named in the refusal
 
 

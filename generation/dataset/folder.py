@@ -16,16 +16,23 @@ import stat
 from pathlib import Path
 
 import yaml
+from ..failures import UsageError
 
-from .parquet import SHARD_NAME
-
-CARD = "README.md"
+CARD = "README.md"  # the dataset card, its YAML `configs:` first
+BUILD_INFO = "medbanana-build.json"
+FIGURE = "figure3.png"  # the paper's Figure 3 beside the card (builder/paper.py)
+# a finished shard's name (the Hub's), as the builder's `finalize_shards` gives it: `<split>-0000i-of-0000n.parquet`
+SHARD_NAME = re.compile(r"(?P<split>[^/]+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.parquet")
 MAX_CARD_BYTES = 4 * 2**20  # a built card is ~20 KB (its tables grow with the diseases, not the rows)
 MAX_FOOTER_BYTES = 64 * 2**20  # a shard's footer (schema and row-group index): a few MB for a 500 MB shard
 _SPLIT = re.compile(r"\w+")  # what datasets accepts as a split name
 
 
-class Unreadable(ValueError):
+def shard_name(split: str, index: int, count: int) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}.parquet"
+
+
+class Unreadable(UsageError):
     """A dataset folder's file that load_medbanana will not read; the message names it."""
 
 
@@ -136,6 +143,6 @@ class _StrictLoader(yaml.SafeLoader):
         for key, _ in node.value:
             if isinstance(key, yaml.ScalarNode):
                 if key.value in seen:
-                    raise ValueError(f"the key {key.value[:80]!r} twice, line {key.start_mark.line + 2}")
+                    raise UsageError(f"the key {key.value[:80]!r} twice, line {key.start_mark.line + 2}")
                 seen.add(key.value)
         return super().construct_mapping(node, deep=deep)

@@ -13,7 +13,7 @@
   population correction (`ppi_mean`).
 
 `medbanana calibrate` (review/calibrate.py) uses the tests, the build's card (builder/acceptance.py) the interval;
-tests/builder/test_guarantee.py checks them against brute force and simulation.
+tests/generation/test_guarantee.py checks them against brute force and simulation.
 """
 
 from __future__ import annotations
