@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 
 class MissingExtra(ImportError):
@@ -28,5 +29,19 @@ def require(*modules: str, needed_for: str, extra: str):
     try:
         loaded = tuple(importlib.import_module(name) for name in modules)
     except ImportError as exc:
-        raise MissingExtra(f"{needed_for} needs {' and '.join(modules)}: {install_hint(extra)}") from exc
+        raise _missing(modules, needed_for, extra) from exc
     return loaded[0] if len(loaded) == 1 else loaded
+
+
+def check_installed(*modules: str, needed_for: str, extra: str) -> None:
+    """MissingExtra, as `require` says it, unless each module can be found; none is imported (an import may read
+    settings, such as a temp folder, that the caller sets only later).
+
+    >>> check_installed("json", needed_for="reading", extra="core")
+    """
+    if any(importlib.util.find_spec(name) is None for name in modules):
+        raise _missing(modules, needed_for, extra)
+
+
+def _missing(modules: tuple[str, ...], needed_for: str, extra: str) -> MissingExtra:
+    return MissingExtra(f"{needed_for} needs {' and '.join(modules)}: {install_hint(extra)}")

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..generation.dataset.review_folder import DB_NAME, MODES  # the store itself is imported when a form needs it
+from ..generation.extras import check_installed
 from ..generation.failures import EXIT_OK, NotFound, UsageError
 from ..generation.files import read_user_text
 
@@ -186,10 +187,9 @@ def _refuse_options(args, form: str) -> None:
 def run_create(args, source: Path) -> int:
     from .items import create_review
 
-    if not args.no_serve:  # a missing gradio is said before the folder is made, not after a minute of preparing
-        from .app import load_gradio
-
-        load_gradio()
+    if not args.no_serve:  # a missing gradio is said before the folder is made, not after a minute of preparing;
+        # not imported yet: gradio reads its temp folder on import, and `serve` sets it to the review's own cache
+        check_installed("gradio", needed_for="medbanana review", extra="review")
     only = None
     if args.only is not None:
         if args.calibration or args.items is not None:
