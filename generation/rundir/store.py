@@ -37,7 +37,9 @@ from ..failures import UsageError
 
 FORMAT_VERSION = 1
 # Keys of medbanana-run.json that must match when a run directory is reopened: other values would mix two runs.
-IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed", "c2pa")
+IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed", "c2pa", "geometry")
+# recorded only since the key was added: a run made before it resumes under any value
+NEWER_KEYS = ("geometry",)
 
 
 class RunConfigMismatch(UsageError, RuntimeError):
@@ -92,7 +94,7 @@ class RunStore:
         if old is not None:
             _check_signing(self.run_dir, old.get("c2pa"), self.config.get("c2pa"))
             diffs = [f"{k}: was {old.get(k)!r}, now {self.config.get(k)!r}" for k in IDENTITY_KEYS
-                     if old.get(k) != self.config.get(k)]
+                     if old.get(k) != self.config.get(k) and (k in old or k not in NEWER_KEYS)]
             if diffs:
                 raise RunConfigMismatch(f"{self.run_dir} belongs to a run with another configuration ("
                                         + "; ".join(diffs) + "). Use another --out folder, or the same options.")

@@ -108,6 +108,23 @@ def test_other_configuration_is_refused_without_damage(tiny_sources, tmp_path):
     assert files() == before
 
 
+def test_resuming_with_another_geometry_guard_is_refused_but_a_run_from_before_the_guard_resumes(tiny_sources,
+                                                                                                 tmp_path):
+    task = _task(tiny_sources)
+    run([task], tmp_path / "run", ScriptedWriter(), ScriptedEditor(), ScriptedJudge(),
+        RunOptions(geometry="record", quiet=True))
+    with pytest.raises(RunConfigMismatch, match="geometry: was 'record', now 'register'"):
+        run([task], tmp_path / "run", ScriptedWriter(), ScriptedEditor(), ScriptedJudge(),
+            RunOptions(geometry="register", quiet=True))
+    config_path = tmp_path / "run" / layout.RUN_CONFIG
+    config = json.loads(config_path.read_text())
+    del config["geometry"]  # as a run made before the guard records it
+    config_path.write_text(json.dumps(config))
+    run([task], tmp_path / "run", ScriptedWriter(), ScriptedEditor(), ScriptedJudge(),
+        RunOptions(geometry="register", quiet=True))
+    assert json.loads(config_path.read_text())["geometry"] == "register"
+
+
 def test_acceptance_policies():
     v = Verdict(True, True, False, True, False, "grain", score=0.8)
     task = type("T", (), {"direction": "add"})()
