@@ -10,8 +10,9 @@ before anything is written, and the journal, appended to, is opened only as a fi
 One process writes a run directory at a time (lock.py), from `open` to `close`. Opening reconciles the disk with
 the journal, since a kill can land between an image's rename and its journal line or in the middle of a temp
 file: images no journal line names are removed when they carry this run's mark (a resumed round writes them
-again) and moved to medbanana-orphans/ otherwise, their masks removed (mask_files.py), stale temp files are removed,
-and a task with rounds journalled after its last "task" line (a killed --retry-failed) is open again.
+again) and moved to medbanana-orphans/ otherwise, their masks and the editor's originals removed (mask_files.py,
+originals.py), stale temp files are removed, and a task with rounds journalled after its last "task" line (a killed
+--retry-failed) is open again.
 """
 
 from __future__ import annotations

@@ -166,6 +166,8 @@ def reconciled_text(counts: dict) -> str:
     """What opening the run directory fixed, in words ('' when nothing)."""
     words = {"orphan_images": "images of killed writes without a journal line removed",
              "quarantined_images": f"unknown images moved to {layout.ORPHANS}/",
+             "orphan_masks": f"masks of no journalled image removed from {layout.MASKS}/",
+             "orphan_originals": f"editor's originals of no journalled image removed from {layout.ORIGINALS}/",
              "temp_files": "temp files of killed writes removed",
              "continued_tasks": "api_failed tasks continued from rounds of a killed retry",
              "batch_files": "request or results files of a killed --batch run removed"}

@@ -103,7 +103,7 @@ def test_worker_processes_compute_the_masks_and_the_parent_only_writes_them(demo
 
 
 @pytest.mark.slow
-def test_opening_a_run_removes_masks_no_journal_line_names_and_nothing_else(demo, tmp_path):
+def test_opening_a_run_removes_masks_no_journal_line_names_and_nothing_else(demo, tmp_path, capsys):
     shutil.copytree(demo, tmp_path / "d", symlinks=True)
     run = tmp_path / "d" / "run"
     kept = {rel: (run / rel).read_bytes() for rel in _companions(run)}
@@ -124,6 +124,8 @@ def test_opening_a_run_removes_masks_no_journal_line_names_and_nothing_else(demo
     linked_mask.symlink_to(secret)  # an orphan that is a link: the link goes, its target stays
 
     assert main(["demo", "--out", str(tmp_path / "d"), *DEMO]) == 0  # a resume: opening reconciles
+    printed = capsys.readouterr()
+    assert f"2 masks of no journalled image removed from {layout.MASKS}/" in printed.out + printed.err
     assert not orphan.exists() and not temp.exists() and not os.path.lexists(linked_mask)
     assert notes.read_text() == "keep" and secret.read_bytes() == b"secret"
     assert (run / layout.MASKS / "linked").is_symlink()
