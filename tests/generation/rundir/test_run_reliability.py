@@ -249,7 +249,7 @@ def test_opening_a_run_removes_what_killed_writes_left_and_continues_a_killed_re
     assert _task_lines(out)[-1]["record"]["status"] == "api_failed"  # round 1 kept
     # a --retry-failed killed after journalling its round 2: a round after the task's last "task" line
     config = json.loads((out / layout.RUN_CONFIG).read_text())
-    store = RunStore(out, {k: config.get(k) for k in ("max_rounds", "accept", "seed", "backends")}).open()
+    store = RunStore(out, {k: config.get(k) for k in ("max_rounds", "accept", "seed", "backends", "geometry")}).open()
     assert [a.round for a in store.history(retried)] == [1]
     instruction = f"{retried.key} instruction 2"
     verdict = asyncio.run(ScriptedJudge(lambda t: 99).judge(retried, None, None, instruction))
