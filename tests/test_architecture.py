@@ -15,7 +15,7 @@ BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "gene
         "generation.extras", "generation.failures", "generation.anatomy", "generation.raster",
         "generation.masks", "generation.acceptance", "generation.destinations", "generation.mask_check",
         "generation.interrupts", "generation.pricing", "generation.costs", "generation.geometry",
-        "generation.registration", "generation.vocabulary"}
+        "generation.registration", "generation.vocabulary", "generation.pools"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,
