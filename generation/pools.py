@@ -14,6 +14,7 @@ times; after that `run` raises PoolBroken at once, and the caller does the work 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import os
@@ -84,6 +85,26 @@ def pool_size(share: int = 1, *, cpus: int | None = None, memory: int | None = N
     if memory is not None:
         count = min(count, max(1, memory // share // PROCESS_MEMORY))
     return count
+
+
+# A pool's queues hold named semaphores. A process killed (out of memory) with a pool of its own cannot unlink them;
+# multiprocessing's resource tracker does, and says so on stderr when the run ends: noise after the run's own error.
+QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+@contextlib.contextmanager
+def quiet_resource_tracker():
+    """Processes started in the block (and the resource tracker, which starts with the first) run with the
+    PYTHONWARNINGS filter QUIET_TRACKER: the tracker still unlinks what a killed process left, without a word."""
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = f"{before},{QUIET_TRACKER}" if before else QUIET_TRACKER
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = before
 
 
 class PoolBroken(RuntimeError):

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..failures import EXIT_INFRASTRUCTURE
 from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..loop import acceptance_policy
-from ..pools import available_cpus, pool_size
+from ..pools import available_cpus, pool_size, quiet_resource_tracker
 from ..records import ApiFailure, Attempt, EditedImage, Task, TaskOutcome
 from ..rundir import mask_files
 from .budget import BudgetReached, Ledger, SharedState, metered
@@ -238,11 +238,15 @@ class _Pool:
         count = max(1, min(self.options.workers, len(self.pending)))
         context = multiprocessing.get_context("spawn")
         spend = None
-        if self.session.ledger is not None:  # one ledger for all: the workers' steps go to shared memory
-            spend = SharedState(self.session.ledger.spent, context)
-            self.session.ledger.state = spend
-        for index, slots in enumerate(shares(max(self.options.concurrency, count), count)):
-            self.workers.append(_Worker(context, self.spec, self.run_dir, self.options, slots, count, index, spend))
+        # the resource tracker starts here, with the first semaphore or process: a worker killed with its image pool
+        # leaves semaphores that it unlinks quietly (pools.quiet_resource_tracker)
+        with quiet_resource_tracker():
+            if self.session.ledger is not None:  # one ledger for all: the workers' steps go to shared memory
+                spend = SharedState(self.session.ledger.spent, context)
+                self.session.ledger.state = spend
+            for index, slots in enumerate(shares(max(self.options.concurrency, count), count)):
+                self.workers.append(_Worker(context, self.spec, self.run_dir, self.options, slots, count, index,
+                                            spend))
         for slot in range(max(w.slots for w in self.workers)):
             for worker in self.workers:
                 if slot < worker.slots and self.pending:
