@@ -1,7 +1,14 @@
 """Throughput of `generate --backend gemini` against the fake Gemini server: how close to the concurrency bound?
 
     python bench/bench_gemini.py          # the case that matters: 2 s per call, 1,000 tasks at --concurrency 100, 200
+    python bench/bench_gemini.py --case short    # 300 one-round tasks (3 calls each) at 2 s, 100 in flight: waves
+    python bench/bench_gemini.py --case fast     # 1,000 tasks at 0.2 s per call, 20 in flight: the client's CPU
     python bench/bench_gemini.py --latency 0.2 --concurrency 20 100 --workers 1 2   # client CPU-bound: information
+
+The two cases and their targets (one process on 2 cores, the fake server on the same cores): `short`, where every
+task's image arrives at once with its wave's, reaches >= 0.9 of the ideal (18 s: 300 tasks x 3 calls x 2 s / 100);
+`fast` reaches >= 0.85 of the concurrency bound. `--check-in thread` makes each edit's geometry check in a thread
+beside the event loop instead of the run's process pool (the alternative the runners do not take), to compare.
 
 Gemini's own latencies are 2-10 s for judge and writer calls and 10-30 s for image edits, so 2 s per call is the
 fast end of real use; the target there is 0.9 of the ideal (below) on 2 cores with the server on the same cores.
@@ -30,6 +37,7 @@ average when the row ended (other work on the same CPUs slows client and server 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import heapq
 import itertools
@@ -106,6 +114,10 @@ def run_one(args) -> dict:
     from medbanana.generation.runners.session import RunOptions
     from medbanana.generation.rundir.signing import SigningCredentials
 
+    if args.check_in == "thread":  # the alternative: each check in a thread beside the loop (masks stay pooled)
+        from medbanana.generation.runners.image_work import ImageWork
+
+        ImageWork._answer = lambda self, step: asyncio.to_thread(step.answer)
     imports = time.perf_counter() - imports
     roles = {"writer": "gemini", "editor": "gemini", "judge": "gemini"}
     spec = BackendSpec("gemini", roles, gemini={"base_url": args.base_url, "timeout": 60, "max_attempts": 3})
@@ -113,6 +125,7 @@ def run_one(args) -> dict:
     started = time.perf_counter()
     summary = generate(Path(args.sources), Path(args.out), spec=spec, limit=args.tasks,
                        options=RunOptions(concurrency=args.concurrency, workers=args.workers, quiet=True,
+                                          max_rounds=args.max_rounds,
                                           c2pa=SigningCredentials.from_options(args.c2pa_cert, args.c2pa_key, {})))
     wall = time.perf_counter() - started
     order = [task.uid for task in select_tasks(Path(args.sources), Selection(), None, args.tasks)]
@@ -152,13 +165,39 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+CASES = {  # --case: (tasks, concurrency, latency, max rounds, the figure with a target, the target)
+    "short": (300, 100, 2.0, 1, "of ideal", 0.9),
+    "fast": (1000, 20, 0.2, 5, "ratio", 0.85),
+}
+
+
+def run_child(command: list[str], env: dict) -> tuple[str, list[float]]:
+    """The child's stdout, and the 1-minute load average sampled every second while it ran."""
+    loads = []
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        while True:
+            try:
+                out, err = child.communicate(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                loads.append(os.getloadavg()[0])
+    if child.returncode:
+        raise SystemExit(f"the run failed ({child.returncode}):\n{err[-3000:]}")
+    return out, loads or [os.getloadavg()[0]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", choices=sorted(CASES), help="a named case with its target (module docstring)")
     ap.add_argument("--tasks", type=int, nargs="+", default=[1000])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[100, 200])
     ap.add_argument("--workers", type=int, nargs="+", default=[1],
                     help="client processes (generate --workers); default 1")
     ap.add_argument("--latency", type=float, default=2.0, help="seconds the fake adds to every call (default 2)")
+    ap.add_argument("--max-rounds", type=int, default=5, help="rounds per task (default 5; --case short: 1)")
+    ap.add_argument("--check-in", choices=("pool", "thread"), nargs="+", default=["pool"],
+                    help="where each edit's geometry check runs: the run's process pool (what generate does) or a "
+                         "thread beside the event loop (to compare); default pool")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: run one configuration
     ap.add_argument("--sources", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -168,41 +207,54 @@ def main() -> None:
     args = ap.parse_args()
     if args.one:
         args.tasks, args.concurrency, args.workers = args.tasks[0], args.concurrency[0], args.workers[0]
+        args.check_in = args.check_in[0]
         print(json.dumps(run_one(args)))
         return
+    target = None
+    if args.case:
+        tasks, concurrency, args.latency, args.max_rounds, *target = CASES[args.case]
+        args.tasks, args.concurrency = [tasks], [concurrency]
 
     with fake_gemini_and_workdir(args.latency, "gemini") as (base_url, work, server_pid):
         sources = make_sources(work / "sources", max(args.tasks))
-        print(f"fake Gemini (echo engine, {args.latency} s per call) at {base_url}; sources: "
-              f"{'released samples' if SAMPLES.is_dir() else 'synthetic'} 1024x1024 JPEGs; "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-        print(f"{'tasks':>6} {'conc':>5} {'procs':>5} {'calls':>6} {'wall s':>7} {'tasks/s':>8} {'bound s':>8} "
-              f"{'ratio':>6} {'ideal s':>7} {'of ideal':>8} {'cpu ms/call':>11} {'cpu cap':>8} {'server ms/call':>14} {'shared cap':>10} "
-              f"{'peak RSS MB':>11} {'import s':>8} {'load':>5}")
-        for concurrency, workers, tasks in itertools.product(args.concurrency, args.workers, args.tasks):
-            out = work / f"run-{tasks}-{concurrency}-{workers}"
-            server_cpu = process_cpu(server_pid)
-            child = subprocess.run(
+        print(f"{time.strftime('%Y-%m-%d %H:%M')}; fake Gemini (echo engine, {args.latency} s per call) at "
+              f"{base_url}; sources: {'released samples' if SAMPLES.is_dir() else 'synthetic'} 1024x1024 JPEGs; "
+              f"at most {args.max_rounds} round(s) per task; {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f}")
+        print(f"{'tasks':>6} {'conc':>5} {'procs':>5} {'check':>6} {'calls':>6} {'wall s':>7} {'tasks/s':>8} "
+              f"{'bound s':>8} {'ratio':>6} {'ideal s':>7} {'of ideal':>8} {'cpu ms/call':>11} {'cpu cap':>8} "
+              f"{'server ms/call':>14} {'shared cap':>10} {'peak RSS MB':>11} {'import s':>8} {'load':>14}")
+        for concurrency, workers, tasks, check_in in itertools.product(args.concurrency, args.workers, args.tasks,
+                                                                       args.check_in):
+            out = work / f"run-{tasks}-{concurrency}-{workers}-{check_in}"
+            server_cpu, load_before = process_cpu(server_pid), os.getloadavg()[0]
+            stdout, loads = run_child(
                 [sys.executable, __file__, "--one", "--tasks", str(tasks), "--concurrency", str(concurrency),
                  "--workers", str(workers), "--sources", str(sources), "--out", str(out), "--base-url", base_url,
-                 "--latency", str(args.latency)],  # the child's ideal is at the fake's latency
-                env={**os.environ, "GEMINI_API_KEY": os.environ.get("GEMINI_API_KEY", "bench-key")},
-                capture_output=True, text=True, check=True)
-            r = json.loads(child.stdout.strip().splitlines()[-1])
+                 "--latency", str(args.latency), "--max-rounds", str(args.max_rounds), "--check-in", check_in],
+                {**os.environ, "GEMINI_API_KEY": os.environ.get("GEMINI_API_KEY", "bench-key")})
+            r = json.loads(stdout.strip().splitlines()[-1])
             bound, cpu_per_call = r["calls"] * args.latency / concurrency, r["client_cpu"] / r["calls"]
             cap = min(workers, os.cpu_count() or 1) * args.latency / (concurrency * cpu_per_call)
             server_per_call = (process_cpu(server_pid) - server_cpu) / r["calls"]
             # client and server share the machine: its CPUs do both's work for every call
             shared_cap = (os.cpu_count() or 1) * args.latency / (concurrency * (cpu_per_call + server_per_call))
-            print(f"{tasks:>6} {concurrency:>5} {workers:>5} {r['calls']:>6} {r['wall']:>7.1f} "
-                  f"{tasks / r['wall']:>8.2f} {bound:>8.1f} {bound / r['wall']:>6.2f} {r['ideal']:>7.1f} {r['ideal'] / r['wall']:>8.2f} "
-                  f"{1000 * cpu_per_call:>11.1f} "
-                  f"{cap:>8.2f} {1000 * server_per_call:>14.1f} {shared_cap:>10.2f} {r['peak_rss_mb']:>11.0f} "
-                  f"{r['imports']:>8.1f} {os.getloadavg()[0]:>5.1f}", flush=True)
+            figures = {"ratio": bound / r["wall"], "of ideal": r["ideal"] / r["wall"]}
+            load = f"{load_before:.1f}/{sum(loads) / len(loads):.1f}/{max(loads):.1f}"
+            print(f"{tasks:>6} {concurrency:>5} {workers:>5} {check_in:>6} {r['calls']:>6} {r['wall']:>7.1f} "
+                  f"{tasks / r['wall']:>8.2f} {bound:>8.1f} {figures['ratio']:>6.2f} {r['ideal']:>7.1f} "
+                  f"{figures['of ideal']:>8.2f} {1000 * cpu_per_call:>11.1f} {cap:>8.2f} {1000 * server_per_call:>14.1f} "
+                  f"{shared_cap:>10.2f} {r['peak_rss_mb']:>11.0f} {r['imports']:>8.1f} {load:>14}", flush=True)
             if r["journal_calls"] != r["calls"]:
                 print(f"  (the journal accounts for {r['journal_calls']} of the {r['calls']} calls: the ideal is "
                       f"approximate)")
+            if target:
+                name, wanted = target
+                print(f"  {args.case}: {name} {figures[name]:.2f} against a target of {wanted} "
+                      f"({'met' if figures[name] >= wanted else 'NOT met'})")
             shutil.rmtree(out)
+        print("load: the 1-minute load average before the row / its mean / its maximum while the row ran (the run's "
+              "own processes included)")
 
 
 if __name__ == "__main__":

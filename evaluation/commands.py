@@ -10,6 +10,7 @@ from pathlib import Path
 from ..generation import backends
 from ..generation.files import atomic_write_text
 from ..generation.rundir.lock import hold_lock
+from ..generation.vocabulary import workers_count
 from .failures import eval_exit_code, first_time
 from .sent import check_judge_destination
 from ..generation.failures import EXIT_OK, EXIT_USAGE, UsageError
@@ -47,6 +48,9 @@ def register(subparsers) -> None:
                         "datasets and runs the task's edit mask (the row's edit_mask, or computed from source and "
                         "edit), else the target's anatomical region; edit, region or none (full image) alone")
     p.add_argument("--no-lpips", dest="lpips", action="store_false", help="skip LPIPS even when it is available")
+    p.add_argument("--workers", type=workers_count, default=1, metavar="N|auto",
+                   help="processes scoring samples, a local judge's too (auto: one per CPU as memory allows; "
+                        "default 1); the figures do not depend on it")
     p.add_argument("--attention", action="store_true",
                    help="edits made with `generate --diffusers-attention`: also report the IoU of the disease "
                         "words' thresholded cross-attention with each sample's ROI (as --roi: the edit_mask, else "
@@ -269,7 +273,8 @@ def _evaluate_into_out(args, samples, attempts: str) -> int:
                 "cp_mode": args.cp_mode, "roi": args.roi,
                 "judge": judge_description(judge) if judge else None}
     options = EvalOptions(cp_mode=args.cp_mode, roi=args.roi, lpips=args.lpips,
-                          concurrency=args.concurrency, quiet=args.quiet, total=_total(args, attempts))
+                          concurrency=args.concurrency, workers=args.workers, quiet=args.quiet,
+                          total=_total(args, attempts))
     if args.limit is not None:
         samples = itertools.islice(samples, args.limit)
     summary = evaluate(samples, args.out, settings=settings, options=options, judge=judge)

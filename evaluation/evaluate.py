@@ -17,6 +17,11 @@ target region located on the source (generation.masks.region_array); or none, an
 record says which (`roi`), the report counts them. A sample whose CP is undefined records why
 (`cp_excluded`); the report and summary.json say how many the CP mean leaves out. In `medebench` CP mode every
 image is read as MedEBench reads it (metrics.decode_medebench: 16-bit clipped), else 16-bit is min-max scaled.
+
+Samples are spread over `EvalOptions.workers` processes (generation/pools.py; 1: this process, in worker threads):
+each decodes its sample's images once and scores them there, with the judge too when the judge sends no request (a
+local judge such as the simulator, made again by name in each process); an API judge's calls stay on this
+process's event loop. `concurrency` samples are in flight at once.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ from ..generation.files import atomic_write_text, open_append, read_jsonl
 from ..generation.geometry import estimate_geometry, registered
 from ..generation.mask_check import MAX_MASK_PIXELS, header_size, read_checked_mask
 from ..generation.masks import edit_mask_array, region_array
+from ..generation.pools import ImagePool, PoolBroken, pool_size
 from .failures import eval_reasons
 from .inputs import Sample, image_bytes, read_image
-from .judging import judge_record, scores_note
+from .judging import judge_record, make_judge, scores_note
 from .metrics import (CP_UNDEFINED, LPIPSMetric, LPIPSUnavailable, decode_medebench, pixel_metrics, read_mask,
                       to_size)
 from ..generation.failures import UsageError
@@ -59,7 +65,8 @@ class EvalOptions:
     cp_mode: str = "correct"  # correct | medebench (metrics.py)
     roi: str = "auto"  # ROI_POLICIES: auto | edit | region | none (roi_mask)
     lpips: bool = True  # compute LPIPS when its weights are on this machine
-    concurrency: int = 2
+    concurrency: int = 2  # samples in flight
+    workers: int | str = 1  # processes scoring them (1: this one; auto: pools.pool_size)
     quiet: bool = False
     total: int | None = None  # samples the input holds, the progress bar's total (None: unknown)
 
@@ -75,7 +82,14 @@ def evaluate(samples: Iterable[Sample], out: Path, *, settings: dict, options: E
     lpips, lpips_note = _lpips() if options.lpips else (None, None)
     # finished samples are kept; errors and failed judge calls are tried again
     done = {i for i, r in read_records(out / SAMPLES).items() if r["status"] == "ok" and "judge_error" not in r}
-    asyncio.run(_score_all(samples, done, out / SAMPLES, options, judge, lpips))
+    workers = pool_size() if options.workers == "auto" else options.workers
+    pool = ImagePool(workers, initializer=_start_worker, initargs=(
+        lpips is not None, judge.name if is_local(judge) else None)) if workers > 1 else None
+    try:
+        asyncio.run(_score_all(samples, done, out / SAMPLES, options, judge, lpips, pool))
+    finally:
+        if pool is not None:
+            pool.close()
     return write_report(read_records(out / SAMPLES), out, settings, [lpips_note] if lpips_note else [])
 
 
@@ -102,10 +116,12 @@ def read_records(path: Path) -> dict[str, dict]:
     return {record["id"]: record for record in read_jsonl(path)}
 
 
-async def _score_all(samples: Iterable[Sample], done: set, path: Path, options: EvalOptions, judge, lpips) -> None:
+async def _score_all(samples: Iterable[Sample], done: set, path: Path, options: EvalOptions, judge, lpips,
+                     pool: ImagePool | None = None) -> None:
     from tqdm import tqdm
 
-    slots = asyncio.Semaphore(max(1, options.concurrency))
+    # a pool's processes each have a sample waiting: its pickling and reading overlap the one scored
+    slots = asyncio.Semaphore(max(1, options.concurrency, 2 * pool.size if pool is not None else 0))
     running: set[asyncio.Task] = set()
     # appended to, never through a link, a hard link or a FIFO (files.open_append: one line refusing it)
     with io.TextIOWrapper(open_append(path), encoding="utf-8") as sink, tqdm(disable=options.quiet, unit="sample",
@@ -114,7 +130,7 @@ async def _score_all(samples: Iterable[Sample], done: set, path: Path, options: 
             sink.write("\n")  # an interrupted write: end its line so the next record stands alone
         async def one(sample: Sample) -> None:
             try:
-                record = await score_sample(sample, options, judge, lpips)
+                record = await score_sample(sample, options, judge, lpips, pool)
             finally:
                 slots.release()
             sink.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -132,29 +148,66 @@ async def _score_all(samples: Iterable[Sample], done: set, path: Path, options: 
         await asyncio.gather(*running)
 
 
-async def score_sample(sample: Sample, options: EvalOptions, judge=None, lpips=None) -> dict:
-    """One sample's record: pixel metrics (in a worker thread) and, with a judge, EA / VQ / CP (judge) (judging.py)."""
+async def score_sample(sample: Sample, options: EvalOptions, judge=None, lpips=None,
+                       pool: ImagePool | None = None) -> dict:
+    """One sample's record: pixel metrics and, with a judge, EA / VQ / CP (judge) (judging.py); a local judge
+    scores in the same call as the pixels, on the same decoded images (in `pool`'s processes, else a worker
+    thread), an API judge's calls are made here."""
     record = {"id": sample.id, "dataset": sample.dataset, "modality": sample.modality, "disease": sample.disease,
               "direction": sample.direction, "instruction": sample.instruction}
     if sample.problem:
         return {**record, "status": "error", "error": sample.problem}
+    local = judge if is_local(judge) else None
     try:
-        source, edited = image_bytes(sample.source), image_bytes(sample.edited)
-        record.update(await asyncio.to_thread(_pixels, sample, source, edited, options, lpips))
+        if pool is not None:
+            record.update(await pool.run(_scored_in_worker, sample, options))
+        else:
+            record.update(await asyncio.to_thread(_scored, sample, options, lpips, local))
+    except PoolBroken as exc:
+        return {**record, "status": "error", "error": f"{exc} (while scoring this sample: out of memory?)"}
     except Exception as exc:  # noqa: BLE001 — an unreadable image or odd mask: this sample's error, others go on
         return {**record, "status": "error", "error": f"{type(exc).__name__}: {exc}"}
-    if judge is not None:
-        record.update(await judge_record(judge, sample, source, edited))
+    if judge is not None and local is None:
+        record.update(await judge_record(judge, sample, image_bytes(sample.source), image_bytes(sample.edited)))
     return {**record, "status": "ok"}
 
 
-def _pixels(sample: Sample, source_data: bytes, edited_data: bytes, options: EvalOptions, lpips) -> dict:
+def is_local(judge) -> bool:
+    """A judge that sends no request (the simulator): it scores where the pixels are, made again by name in each
+    scoring process."""
+    return judge is not None and not getattr(judge, "prompts", ())
+
+
+_WORKER: dict = {}  # a scoring process's own LPIPS and local judge (`_start_worker`)
+
+
+def _start_worker(lpips: bool, judge: str | None) -> None:
+    """A scoring process's start: its own LPIPS (when this machine has it) and local judge (by name)."""
+    _WORKER.update(lpips=_lpips()[0] if lpips else None, judge=make_judge(judge) if judge else None)
+
+
+def _scored_in_worker(sample: Sample, options: EvalOptions) -> dict:
+    return _scored(sample, options, _WORKER.get("lpips"), _WORKER.get("judge"))
+
+
+def _scored(sample: Sample, options: EvalOptions, lpips, judge) -> dict:
+    """A sample's pixel metrics, and with a local `judge` its judge fields, its images decoded once for both."""
+    source_data, edited_data = image_bytes(sample.source), image_bytes(sample.edited)
     # MedEBench's numbers need MedEBench's decoding (16-bit clipped); ours keeps a 16-bit image's contrast
     decode = decode_medebench if options.cp_mode == "medebench" else read_image
     source, edited = decode(source_data), decode(edited_data)
+    scored = _pixels(sample, source, edited, options, lpips)
+    if judge is not None:  # the judge's decoding is read_image's (SourceImage.array), not MedEBench's
+        arrays = (source, edited) if decode is read_image else None
+        scored.update(asyncio.run(judge_record(judge, sample, source_data, edited_data, arrays)))
+    return scored
+
+
+def _pixels(sample: Sample, source: np.ndarray, edited: np.ndarray, options: EvalOptions, lpips) -> dict:
     resized = edited.shape != source.shape
     edited, alignment = registered_pair(source, edited, register=options.cp_mode == "correct")
     mask, roi, mask_read, _ = roi_mask(sample, source, options.roi, edited if alignment.get("registered") else None)
+    decode = decode_medebench if options.cp_mode == "medebench" else read_image
     truth = decode(image_bytes(sample.ground_truth)) if sample.ground_truth is not None else None
     metrics = pixel_metrics(source, edited, mask, cp_mode=options.cp_mode, ground_truth=truth, lpips=lpips)
     extra = {"mask_read": mask_read} if mask_read else {}
@@ -301,7 +354,7 @@ def cp_exclusions(ok: list[dict]) -> dict:
 
 
 def write_report(records: dict[str, dict], out: Path, settings: dict, notes: list[str]) -> dict:
-    rows = list(records.values())
+    rows = [records[key] for key in sorted(records)]  # in id order: the figures do not depend on which finished first
     ok = [r for r in rows if r["status"] == "ok"]
     cp_mode = settings.get("cp_mode", "correct")
     notes = [f"CP: SSIM outside the ROI, mode `{cp_mode}` "

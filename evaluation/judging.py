@@ -120,31 +120,42 @@ def labels(verdict: Verdict) -> dict[str, bool]:
     return {name: bool(getattr(verdict, name)) for name in VERDICT_BOOLEANS}
 
 
-async def judge_once(judge, sample: Sample, source: bytes, edited: bytes) -> Verdict:
-    return await judge.judge(task_of(sample), SourceImage(Path(sample.id), data=source), _edited(edited),
-                             sample.instruction)
+async def judge_once(judge, sample: Sample, source: bytes | SourceImage, edited: bytes | EditedImage) -> Verdict:
+    source, edited = _images(sample, source, edited)
+    return await judge.judge(task_of(sample), source, edited, sample.instruction)
 
 
-async def score_once(judge, sample: Sample, source: bytes, edited: bytes) -> EditScores:
+async def score_once(judge, sample: Sample, source: bytes | SourceImage, edited: bytes | EditedImage) -> EditScores:
     truth = SourceImage(Path(sample.id), data=image_bytes(sample.ground_truth)) \
         if sample.ground_truth is not None else None
-    return await judge.score(task_of(sample), SourceImage(Path(sample.id), data=source), _edited(edited),
-                             sample.instruction, truth)
+    source, edited = _images(sample, source, edited)
+    return await judge.score(task_of(sample), source, edited, sample.instruction, truth)
 
 
-def _edited(data: bytes) -> EditedImage:
-    return EditedImage(data=data, mime_type=SourceImage(Path("edited"), data=data).mime_type)
+def _images(sample: Sample, source: bytes | SourceImage, edited: bytes | EditedImage,
+            arrays: tuple | None = None) -> tuple[SourceImage, EditedImage]:
+    """The images as a judge takes them (given images as they are); `arrays`: their decoded RGB, when the caller
+    decoded them already (a local judge then decodes nothing again)."""
+    if isinstance(source, bytes):
+        source = SourceImage(Path(sample.id), data=source)
+    if isinstance(edited, bytes):
+        edited = EditedImage(data=edited, mime_type=SourceImage(Path("edited"), data=edited).mime_type)
+    if arrays is not None:  # cached_property: the instance's own attribute from now on
+        source.array, edited.array = arrays
+    return source, edited
 
 
-async def judge_record(judge, sample: Sample, source: bytes, edited: bytes) -> dict:
+async def judge_record(judge, sample: Sample, source: bytes, edited: bytes, arrays: tuple | None = None) -> dict:
     """The judge's fields of a sample's record: the verdict's, and with a scoring backend its EA / VQ (`scores`),
-    both asked at once; a failed call is recorded in `judge_error` (which call, why), never raised."""
+    both asked at once, of the same images (`arrays`: their RGB as `SourceImage.array` decodes them, when the
+    caller has it); a failed call is recorded in `judge_error` (which call, why), never raised."""
     scoring = can_score(judge)
     out, errors = {"judge_prompt": rendered_prompt(judge, sample)}, []
-    calls = [judge_once(judge, sample, source, edited)]
+    images = _images(sample, source, edited, arrays)
+    calls = [judge_once(judge, sample, *images)]
     if scoring:
         out["score_prompt"] = rendered_score_prompt(judge, sample)
-        calls.append(score_once(judge, sample, source, edited))
+        calls.append(score_once(judge, sample, *images))
     # API errors and backend bugs alike become data
     verdict, *graded = await asyncio.gather(*calls, return_exceptions=True)
     if isinstance(verdict, Exception):

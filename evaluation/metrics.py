@@ -17,6 +17,13 @@ MedGEN-Bench's pixel metrics: SSIM on grayscale images (PIL "L", data range 255)
 give 100), LPIPS (AlexNet, 256², inputs scaled to [-1, 1]) only when the `lpips` package and its weights are
 already on this machine; nothing is downloaded.
 
+SSIM maps are computed here (`ssim_map`), not by scikit-image: only where both of its means look (the pixels whose
+window lies wholly inside the image), from exact integer window sums of the 8-bit values (sums of seven shifted
+rows, then columns), so a map costs a fifth of scikit-image's and equals its map there to about 1e-12 (scikit-image
+filters in floating point). An edit's CP and SSIM share its maps (`PairMaps`): for a grey pair (R = G = B in both
+images, as X-rays and MRI come) one map serves the three channels CP averages and the "L" image SSIM reads, which
+is the same grey. MedEBench's CP keeps calling scikit-image, as its code does.
+
 CP is undefined (None) when no 7x7 window lies wholly outside the ROI (a full or nearly full mask, or an image
 smaller than the window): such a sample is left out of the CP mean, and the report says how many were
 (``CP_UNDEFINED``). MedEBench's mode is always defined.
@@ -42,7 +49,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
 from skimage.metrics import structural_similarity
 
 from ..generation.records import open_image
@@ -130,16 +136,100 @@ def _levels(a: np.ndarray) -> tuple[np.ndarray, str]:
 
 # ---------------------------------------------------------------- context preservation
 
-def cp_correct(source: np.ndarray, edited: np.ndarray, roi: np.ndarray) -> float | None:
-    """Mean RGB SSIM map over the pixels whose 7x7 window lies outside the ROI; None when no pixel does."""
-    _, ssim_map = structural_similarity(source, edited, channel_axis=-1, full=True)
-    half = SSIM_WINDOW // 2
-    touched = ndimage.binary_dilation(roi, structure=np.ones((SSIM_WINDOW, SSIM_WINDOW), bool)) if roi.any() else roi
-    valid = ~touched
-    valid[:half], valid[-half:], valid[:, :half], valid[:, -half:] = False, False, False, False
-    if not valid.any():
+def window_sums(values: np.ndarray) -> np.ndarray:
+    """Sums over every SSIM_WINDOW x SSIM_WINDOW window wholly inside `values` (integers below 2**16), exactly: a
+    (H - 6) x (W - 6) int32 array (at most 49 x 65025)."""
+    height, width = values.shape
+    rows = np.add(values[:height - SSIM_WINDOW + 1], values[1:height - SSIM_WINDOW + 2], dtype=np.int32)
+    for i in range(2, SSIM_WINDOW):
+        rows += values[i:height - SSIM_WINDOW + 1 + i]
+    sums = np.add(rows[:, :width - SSIM_WINDOW + 1], rows[:, 1:width - SSIM_WINDOW + 2])
+    for j in range(2, SSIM_WINDOW):
+        sums += rows[:, j:width - SSIM_WINDOW + 1 + j]
+    return sums
+
+
+_N = SSIM_WINDOW * SSIM_WINDOW
+_C1 = (0.01 * 255) ** 2 * _N * _N  # scikit-image's C1 = (K1 R)^2 and C2, scaled as the sums below are
+_C2 = (0.03 * 255) ** 2 * _N * (_N - 1)
+
+
+def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The SSIM map of two uint8 grey images of one size, scikit-image's defaults (7x7 uniform window, K1 0.01, K2
+    0.03, sample covariance, data range 255), at the pixels whose window lies wholly inside the image ((H - 6) x
+    (W - 6): where scikit-image's mean and CP look). With window sums s of x, y, x², y², xy over n pixels,
+    SSIM = (2 sx sy + C1 n²)(2 (n sxy - sx sy) + C2 n(n-1)) / ((sx² + sy² + C1 n²)(n (sxx + syy) - sx² - sy² +
+    C2 n(n-1))): scikit-image's formula with its means and variances multiplied out, every integer in it exact."""
+    if min(a.shape[:2]) < SSIM_WINDOW:
+        raise ValueError(f"an image of {a.shape[1]}x{a.shape[0]} pixels is smaller than the {SSIM_WINDOW}x"
+                         f"{SSIM_WINDOW} SSIM window")
+    x, y = a.astype(np.int32), b.astype(np.int32)
+    sx, sy = window_sums(x), window_sums(y)
+    sxy = window_sums(x * y)
+    sxx = window_sums(x * x)
+    sxx += window_sums(y * y)
+    products = sx * sy
+    squares = sx * sx
+    squares += sy * sy
+    sxy *= _N
+    sxy -= products
+    sxx *= _N
+    sxx -= squares
+    ssim = (2.0 * products + _C1) * (2.0 * sxy + _C2)
+    ssim /= (squares + _C1) * (sxx + _C2)
+    return ssim
+
+
+def is_grey(rgb: np.ndarray) -> bool:
+    """Whether an RGB image's three channels are equal (then PIL's "L" of it is that channel)."""
+    return bool((rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all())
+
+
+def luma(rgb: np.ndarray) -> np.ndarray:
+    """PIL's "L" of a uint8 RGB image (its own channel for a grey one: L's weights sum to one)."""
+    if is_grey(rgb):
+        return rgb[..., 0]
+    return np.asarray(Image.fromarray(rgb).convert("L"))
+
+
+class PairMaps:
+    """The SSIM maps of a source and an edit of its size (uint8 RGB) that its CP and SSIM share, each computed once
+    when first asked for: `channels` (the mean of the R, G and B maps: CP's) and `grey` (the map of their "L"
+    images: SSIM's); one map for both when the pair is grey."""
+
+    def __init__(self, source: np.ndarray, edited: np.ndarray):
+        self.source, self.edited = source, edited
+        self._grey_pair = is_grey(source) and is_grey(edited)
+        self._channels: np.ndarray | None = None
+        self._grey: np.ndarray | None = None
+
+    @property
+    def grey(self) -> np.ndarray:
+        if self._grey is None:
+            self._grey = ssim_map(luma(self.source), luma(self.edited))
+        return self._grey
+
+    @property
+    def channels(self) -> np.ndarray:
+        if self._grey_pair:
+            return self.grey
+        if self._channels is None:
+            total = ssim_map(self.source[..., 0], self.edited[..., 0])
+            total += ssim_map(self.source[..., 1], self.edited[..., 1])
+            total += ssim_map(self.source[..., 2], self.edited[..., 2])
+            total /= 3
+            self._channels = total
+        return self._channels
+
+
+def cp_correct(source: np.ndarray, edited: np.ndarray, roi: np.ndarray, maps: PairMaps | None = None) -> float | None:
+    """Mean RGB SSIM map over the pixels whose 7x7 window lies outside the ROI (and inside the image); None when no
+    pixel does. `maps`: the pair's, when SSIM shares them."""
+    channels = (maps or PairMaps(source, edited)).channels  # an image smaller than the window raises here
+    outside = window_sums(roi.astype(np.uint8)) == 0  # no ROI pixel in the window: the ROI dilated by half of it
+    if not outside.any():
         return None
-    return float(ssim_map.mean(axis=-1)[valid].mean())
+    return float(channels[outside].mean())
 
 
 def medebench_masked(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -156,12 +246,14 @@ def cp_medebench(source: np.ndarray, edited: np.ndarray, mask: np.ndarray) -> fl
                                        channel_axis=-1))
 
 
-def context_preservation(source: np.ndarray, edited: np.ndarray, mask: np.ndarray, mode: str) -> float | None:
+def context_preservation(source: np.ndarray, edited: np.ndarray, mask: np.ndarray, mode: str,
+                         maps: PairMaps | None = None) -> float | None:
     """CP in `mode`; `mask` in any encoding (read_mask), at the source's size (MedEBench weighs by its grey
-    levels; the correct mode takes levels above 127 as the ROI). None: CP_UNDEFINED."""
+    levels; the correct mode takes levels above 127 as the ROI). None: CP_UNDEFINED. `maps`: the pair's SSIM maps
+    (the correct mode's), when they are shared."""
     if mode == "correct":
         roi = mask_levels(mask, source.shape) > 127
-        return cp_correct(source, to_size(edited, source.shape)[0], roi)
+        return cp_correct(source, to_size(edited, source.shape)[0], roi, maps)
     if mode == "medebench":
         return cp_medebench(source, edited, mask)
     raise UsageError(f"CP mode must be one of {', '.join(CP_MODES)}, not {mode!r}")
@@ -169,17 +261,19 @@ def context_preservation(source: np.ndarray, edited: np.ndarray, mask: np.ndarra
 
 # ---------------------------------------------------------------- MedGEN-Bench pixel metrics
 
-def ssim_gray(a: np.ndarray, b: np.ndarray) -> float:
-    """Full-image SSIM of the grayscale images (PIL "L"), data range 255."""
-    ga = np.asarray(Image.fromarray(a).convert("L"))
-    gb = np.asarray(Image.fromarray(to_size(b, a.shape)[0]).convert("L"))
-    return float(structural_similarity(ga, gb, data_range=255))
+def ssim_gray(a: np.ndarray, b: np.ndarray, maps: PairMaps | None = None) -> float:
+    """Full-image SSIM of the grayscale images (PIL "L"), data range 255 (scikit-image's mean: the border of half a
+    window left out). `maps`: the pair's (`b` at `a`'s size), when CP shares them."""
+    return float((maps or PairMaps(a, to_size(b, a.shape)[0])).grey.mean(dtype=np.float64))
 
 
 def psnr_rgb(a: np.ndarray, b: np.ndarray) -> float:
-    """PSNR over the RGB values (range 255); identical images give 100."""
+    """PSNR over the RGB values (range 255); identical images give 100. The squared differences are summed as
+    integers, exactly."""
     b = to_size(b, a.shape)[0]
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    difference = a.astype(np.int32) - b
+    flat = difference.ravel()
+    mse = float(np.einsum("i,i->", flat, flat, dtype=np.int64)) / flat.size
     return PSNR_IDENTICAL if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
@@ -225,8 +319,9 @@ def pixel_metrics(source: np.ndarray, edited: np.ndarray, mask: np.ndarray, *, c
                   ground_truth: np.ndarray | None = None, lpips: LPIPSMetric | None = None) -> dict:
     """CP in `cp_mode` (`mask`: ROI grey levels at the source's size, all 0 for none); SSIM, PSNR (and LPIPS) of
     the edit against the input, and against the ground truth when there is one."""
-    out = {"cp": context_preservation(source, edited, mask, cp_mode),
-           "ssim": ssim_gray(source, edited), "psnr": psnr_rgb(source, edited),
+    maps = PairMaps(source, to_size(edited, source.shape)[0])  # CP's and SSIM's, computed once
+    out = {"cp": context_preservation(source, edited, mask, cp_mode, maps),
+           "ssim": ssim_gray(source, edited, maps), "psnr": psnr_rgb(source, edited),
            "lpips": lpips(source, to_size(edited, source.shape)[0]) if lpips else None}
     if ground_truth is not None:
         out.update(ssim_gt=ssim_gray(ground_truth, edited), psnr_gt=psnr_rgb(ground_truth, edited),

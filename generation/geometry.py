@@ -208,8 +208,12 @@ def check_edit(mode: str, source: SourceImage, edited: EditedImage) -> GeometryC
     if mode == "reject" or not geometry.registrable:
         return GeometryCheck("rejected", geometry, edited)
     moved = encode_jpeg(registered(edited.data, geometry), quality=95)
-    return GeometryCheck("registered", geometry, replace(edited, data=moved, mime_type="image/jpeg",
-                                                         original=edited.data))
+    return GeometryCheck("registered", geometry, registered_edit(edited, moved))
+
+
+def registered_edit(edited: EditedImage, moved: bytes) -> EditedImage:
+    """`edited` with `moved` (its registered JPEG) as its image, the editor's own bytes kept as `original`."""
+    return replace(edited, data=moved, mime_type="image/jpeg", original=edited.data)
 
 
 def frame_verdict(check: GeometryCheck) -> Verdict:

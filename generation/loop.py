@@ -3,7 +3,8 @@
 It is written once, as a plain generator, `refinement`: it yields each step it needs answered (`WriteInstruction`,
 `EditImage`, `CheckGeometry`, `JudgeEdit`, then `StoreAttempt` for the store), is sent each step's answer or has
 the step's exception thrown into it, and returns the TaskOutcome. `CheckGeometry` (the geometry guard,
-generation/geometry.py) is answered by the driver itself, off its event loop: an edit whose frame moved is
+generation/geometry.py) is answered by the driver itself, off its event loop (the runners' process pool,
+runners/image_work.py, else a worker thread): an edit whose frame moved is
 rejected before the judge, warped back onto the source's grid, or judged as it came, by the run's `geometry` mode. It alone names the steps, builds the attempts, applies the
 acceptance policy and decides when to stop. Drivers only answer steps: `refine_task` awaits a backend method per
 step for one task (the local and the worker-process runners); runners/batch.py answers one step kind for every
@@ -27,6 +28,7 @@ from .outcomes import ApiFailure, FailureKind, TaskOutcome, TaskStatus
 
 Acceptance = Callable[[Verdict, Task], bool]
 OnRound = Callable[[Task, Attempt, "EditedImage | None"], Awaitable[None] | None]
+Checker = Callable[["CheckGeometry"], Awaitable[GeometryCheck]]  # answers a CheckGeometry step off the event loop
 
 
 def accept_qualified(verdict: Verdict, task: Task) -> bool:
@@ -203,9 +205,9 @@ def advance(steps: Refinement, answer: object = None) -> Step | TaskOutcome:
 async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter, editor: Editor, judge: Judge, *,
                       max_rounds: int = DEFAULT_MAX_ROUNDS, accept: Acceptance = accept_qualified, seed: int = 0,
                       history: list[Attempt] | None = None, on_round: OnRound | None = None,
-                      geometry: str = DEFAULT_GEOMETRY) -> TaskOutcome:
-    """`refinement` answered by awaiting the backends' methods, one step after the other (the geometry check in a
-    worker thread).
+                      geometry: str = DEFAULT_GEOMETRY, check: Checker | None = None) -> TaskOutcome:
+    """`refinement` answered by awaiting the backends' methods, one step after the other; the geometry check by
+    `check` (the runners' process pool), else in a worker thread.
 
     `on_round` stores each finished attempt (the store writes its image and journal line there); an attempt's
     `seconds` is its round's wall time."""
@@ -223,7 +225,7 @@ async def refine_task(task: Task, source: SourceImage, writer: InstructionWriter
                     await maybe
                 started = time.perf_counter()
             elif isinstance(step, CheckGeometry):
-                answer = await asyncio.to_thread(step.answer)
+                answer = await (check(step) if check is not None else asyncio.to_thread(step.answer))
             else:
                 answer = await step.ask(backends[step.role])
         except Exception as exc:  # the refinement decides what it means

@@ -19,6 +19,13 @@ PARALLELISM = {
 }
 
 
+def workers_count(text: str) -> int | str:
+    """An argparse type for `--workers N|auto`: a whole number of at least 1, or 'auto' (the command picks)."""
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"want a whole number of at least 1 or auto, not {text!r}")
+    return text if text == "auto" else int(text)
+
+
 class OldSpelling(argparse.Action):
     """An option's old spelling: hidden from --help, still accepted (stored where the new spelling stores), with a
     one-line note on stderr naming the new spelling."""

@@ -16,7 +16,7 @@ BASE = {"generation.records", "generation.taxonomy", "generation.prompts", "gene
         "generation.masks", "generation.acceptance", "generation.destinations", "generation.mask_check",
         "generation.interrupts", "generation.pricing", "generation.costs", "generation.geometry",
         "generation.registration", "generation.vocabulary", "generation.tables", "generation.guarantee",
-        "generation.outcomes"}
+        "generation.outcomes", "generation.pools"}
 ALLOWED = {
     **{area: BASE for area in BASE},
     "generation.rundir": BASE,  # the run directory's contract: its names, its writer's files, its readers

@@ -1,5 +1,6 @@
 """The masks stored beside each attempt image (layout.MASKS, `layout.mask_relpaths`): computed when the run writes
-the image (generation/masks.py, `attempt_mask_files`), so a build copies them instead of computing them.
+the image (generation/masks.py, `attempt_mask_files`), so a build copies them instead of computing them. `compute`
+is what the runners run in their process pool (runners/image_work.py), off their event loop.
 
 A companion beside a journalled image is always from the write that wrote that image: the store writes both
 companions (atomically) before the image and its journal line, and removes a companion it cannot make this time,
@@ -15,7 +16,6 @@ from pathlib import Path
 
 from . import layout
 from ..files import TEMP_NAME, atomic_write_bytes
-from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..masks import attempt_mask_files
 from ..records import Task
 
@@ -37,37 +37,6 @@ def compute(task: Task, edited: bytes, frame_rejected: bool = False) -> MaskFile
     except Exception:  # a mask must never fail the round that stores its image; a build recomputes a missing one
         return None, None
     return (None if frame_rejected else edit), region
-
-
-class MaskProcess:
-    """`compute` in a process of its own, for a runner whose event loop must not wait: the masks' work is many
-    small numpy and scipy steps that hold the GIL, so in a thread beside the loop they delay every call's
-    handling (bench/bench_gemini.py: one process at concurrency 100 fell from 0.91 to 0.82 of the ideal). Spawned
-    at the first image; broken (killed, out of memory), it gives no masks, which a build recomputes."""
-
-    def __init__(self):
-        self._pool = None
-
-    async def compute(self, task: Task, edited: bytes, frame_rejected: bool = False) -> MaskFiles:
-        import asyncio
-        from concurrent.futures import ProcessPoolExecutor
-        from concurrent.futures.process import BrokenProcessPool
-        from multiprocessing import get_context
-
-        if self._pool is None:  # spawn: a fork of a process with an event loop and threads is not safe
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=ignore_sigint)
-        try:
-            with children_ignore_sigint():  # submitting starts the pool's process: Ctrl-C is the run's to handle
-                computed = asyncio.get_running_loop().run_in_executor(self._pool, compute, task, edited,
-                                                                      frame_rejected)
-            return await computed
-        except (BrokenProcessPool, OSError, RuntimeError):  # RuntimeError: the pool was shut down meanwhile
-            return None, None
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
 
 
 def write(run_dir: Path, image_relpath: str, masks: MaskFiles) -> None:

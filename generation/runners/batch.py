@@ -5,7 +5,8 @@ lockstep; in each round, the writer calls of every pending task go out as one ba
 then their judge calls; a re-ask (unparseable verdict, image-less answer) is one more job of just those calls.
 Backends keep their logic in exchanges (gemini.py), so a task's calls are the ones the concurrent runner would
 make, and its records go through the same RunStore: the run directory has the same format, and a batch run can be
-resumed concurrently or the other way round.
+resumed concurrently or the other way round. A pass's geometry checks, and its images' masks, run together in a
+process pool sized to the machine (image_work.py): a job's thousands of images never wait on one core.
 
 Results land in the request cache, and job names are persisted in RUN_DIR/medbanana-batches.json before they are
 polled. A restarted run rebuilds the same requests from the journal: answered ones come from the cache, ones in
@@ -34,9 +35,11 @@ from ..backends.settings import batch_files_dir, remove_batch_files
 from ..files import atomic_write_json
 from ..loop import (BACKEND_STEPS, CheckGeometry, Refinement, StoreAttempt, Step, WriteInstruction,
                     acceptance_policy, advance, refinement)
-from ..records import SourceImage, Task
 from ..outcomes import TaskOutcome
+from ..pools import pool_size
+from ..records import SourceImage, Task
 from .budget import Ledger, answer_usage
+from .image_work import ImageWork
 from .local import read_source, source_error
 from .session import RunOptions, RunSession, RunSummary
 from ..failures import UsageError
@@ -258,11 +261,12 @@ async def _start(session: RunSession, options: RunOptions, accept) -> list[_Live
 
 
 async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls, on_round, on_finished,
-                           ledger: Ledger | None = None, on_budget=None) -> None:
+                           ledger: Ledger | None = None, on_budget=None, work: ImageWork | None = None) -> None:
     """Drive the refinements of all live tasks in lockstep, a round per pass: every writer step of the pass as
-    one exchange run (one batch job per model), then every editor step, each edit's geometry check (here, in a
-    worker thread), then every judge step, then the finished rounds are stored with `on_round(task, attempt,
-    image)` (their `seconds` is the whole pass's wall time: the calls share batch jobs). `on_finished(outcomes)`
+    one exchange run (one batch job per model), then every editor step, the edits' geometry checks (all at once in
+    `work`'s pool, else in worker threads), then every judge step, then the finished rounds are stored with
+    `on_round(task, attempt, image, masks)` (their `seconds` is the whole pass's wall time: the calls share batch
+    jobs; `masks` made in `work`'s pool, None without one: the store makes them). `on_finished(outcomes)`
     gets the tasks that ended, after each pass. With a `ledger`, a task's round goes into the pass only if it fits
     the budget; the first that does not stops the run from starting any (`on_budget()`), those left stay
     unfinished."""
@@ -290,26 +294,39 @@ async def refine_in_passes(live: list[_Live], backends: dict, calls: BatchCalls,
                 if ledger is not None:
                     ledger.settle(s.task.uid, kind.role, *answer_usage(answers[s.task.uid]))
                 s.step = advance(s.steps, answers[s.task.uid])
-                while isinstance(s.step, CheckGeometry):
-                    s.step = advance(s.steps, await _checked(s.step))
-        for s in live:
-            if isinstance(s.step, StoreAttempt):
-                s.step.attempt.seconds = time.perf_counter() - started
-                on_round(s.task, s.step.attempt, s.step.image)
-                s.step = advance(s.steps)
+            while checking := [s for s in asking if isinstance(s.step, CheckGeometry)]:
+                checks = await asyncio.gather(*(_checked(s.step, work) for s in checking))
+                for s, check in zip(checking, checks):
+                    s.step = advance(s.steps, check)
+        finished = [s for s in live if isinstance(s.step, StoreAttempt)]
+        made = await asyncio.gather(*(_masks(s.step, work) for s in finished))
+        for s, masks in zip(finished, made):
+            s.step.attempt.seconds = time.perf_counter() - started
+            on_round(s.task, s.step.attempt, s.step.image, masks)
+            s.step = advance(s.steps)
         ended = [s for s in live if isinstance(s.step, TaskOutcome)]
-        for s in ended if ledger is not None else ():
-            ledger.release(s.task.uid)
+        for s in ended:
+            if ledger is not None:
+                ledger.release(s.task.uid)
+            if work is not None:
+                work.forget(s.task)
         on_finished([s.step for s in ended])
         live = [s for s in live if not isinstance(s.step, TaskOutcome)] + waiting
 
 
-async def _checked(step: CheckGeometry):
+async def _checked(step: CheckGeometry, work: ImageWork | None):
     """The geometry check's answer, or the exception it raised (thrown into the refinement, which records it)."""
     try:
-        return await asyncio.to_thread(step.answer)
+        return await (work.check(step) if work is not None else asyncio.to_thread(step.answer))
     except Exception as exc:  # noqa: BLE001 - the refinement decides what it means
         return exc
+
+
+async def _masks(step: StoreAttempt, work: ImageWork | None):
+    """The masks of a finished round's image from `work`'s pool; None (the store makes them) without a pool."""
+    if work is None or step.image is None:
+        return None
+    return await work.masks(step.task, step.image, step.attempt.frame_rejected)
 
 
 async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter, editor: GeminiEditor,
@@ -327,13 +344,16 @@ async def run_batch_tasks(tasks: list[Task], run_dir: Path, writer: GeminiWriter
             calls = BatchCalls(writer.transport, run_dir, poll_interval=poll_interval, inline_limit=inline_limit,
                                label=f"medbanana-{session.store.config['run_id'][:8]}")
             live = await _start(session, options, accept)
+            work = ImageWork(pool_size())
             try:
                 await refine_in_passes(live, {"writer": writer, "editor": editor, "judge": judge}, calls,
                                        session.store.write_attempt, lambda ended: session.finish(*ended),
-                                       session.ledger, session.budget_reached)
+                                       session.ledger, session.budget_reached, work)
             except APIError as exc:  # a job could not be submitted or polled: stop here, resumable
                 raise UsageError(f"batch mode stopped ({exc}); finished rounds are kept, and running the same "
                                    f"command again resumes polling the submitted jobs") from None
+            finally:
+                work.close()
         finally:
             remove_batch_files(run_dir)  # what an error or Ctrl-C left mid-transfer; the next run needs none of it
             await session.close_clients(writer, editor, judge, count_calls=False)

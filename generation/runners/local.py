@@ -2,8 +2,9 @@
 
 `concurrency` tasks are in flight at once on one event loop, each driven through the refinement loop by
 `loop.refine_task` (its backends `budget.Metered` when the run is priced: a round that does not fit the budget
-is not started, and neither is any task after it); the run directory, resume, progress and stats are the `RunSession` skeleton's. The
-worker-process runner uses `run_one_task` from here in each worker.
+is not started, and neither is any task after it); the run directory, resume, progress and stats are the
+`RunSession` skeleton's. Each edit's geometry check and each image's masks run in a process pool sized to the
+machine (image_work.py). The worker-process runner uses `run_one_task` from here in each worker.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from ..backends import Editor, InstructionWriter, Judge
 from ..loop import Acceptance, OnRound, acceptance_policy, refine_task
 from ..records import DEFAULT_MAX_PIXELS, Attempt, SourceImage, Task, open_image
 from ..outcomes import ApiFailure, FailureKind, TaskOutcome, TaskStatus
-from ..rundir.mask_files import MaskProcess
+from ..pools import pool_size
 from .budget import BudgetReached, metered
+from .image_work import ImageWork
 from .session import RunOptions, RunSession, RunSummary
 from ..failures import UsageError
 
@@ -70,15 +72,20 @@ def source_error(task: Task, exc: Exception) -> TaskOutcome:
 
 async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[InstructionWriter, Editor, Judge],
                        options: RunOptions, accept: Acceptance, history: list[Attempt],
-                       on_round: OnRound) -> TaskOutcome:
-    """One task from its journalled `history` to an outcome; whatever goes wrong becomes the outcome's record."""
+                       on_round: OnRound, work: ImageWork) -> TaskOutcome:
+    """One task from its journalled `history` to an outcome; whatever goes wrong becomes the outcome's record.
+    `work` checks each edit's geometry and makes its masks (`on_round` gets them from there)."""
     try:  # a source read and checked for an earlier task is taken as it is; reading one is a worker thread's job
         source = sources.cached(task.source_path) or await asyncio.to_thread(sources.get, task.source_path)
     except (OSError, ValueError) as exc:
         return source_error(task, exc)
     writer, editor, judge = backends
-    return await refine_task(task, source, writer, editor, judge, max_rounds=options.max_rounds, accept=accept,
-                             seed=options.seed, history=history, on_round=on_round, geometry=options.geometry)
+    try:
+        return await refine_task(task, source, writer, editor, judge, max_rounds=options.max_rounds, accept=accept,
+                                 seed=options.seed, history=history, on_round=on_round, geometry=options.geometry,
+                                 check=work.check)
+    finally:
+        work.forget(task)
 
 
 async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter, editor: Editor, judge: Judge,
@@ -91,14 +98,14 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         for task in session.todo:
             queue.put_nowait(task)
 
-        masks = MaskProcess()
+        work = ImageWork(pool_size())
 
         async def store_round(task: Task, attempt: Attempt, image) -> None:
-            # An image's masks (5-15 ms of CPU) are made in a process of their own and its signature (milliseconds)
-            # in a worker thread, while the event loop keeps the calls in flight moving. The journal line follows
-            # the image, here.
+            # An image's masks (10-30 ms of CPU) are made in the pool, started at its geometry check, and its
+            # signature (milliseconds) in a worker thread, while the event loop keeps the calls in flight moving. The
+            # journal line follows the image, here.
             if image is not None:
-                made = await masks.compute(task, image.data, attempt.frame_rejected)
+                made = await work.masks(task, image, attempt.frame_rejected)
                 await asyncio.to_thread(store.write_image, task, attempt, image, made)
             store.journal_attempt(task, attempt)
 
@@ -110,7 +117,7 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
                 task = queue.get_nowait()
                 try:
                     outcome = await run_one_task(task, sources, backends, options, accept, store.history(task),
-                                                 store_round)
+                                                 store_round, work)
                 except BudgetReached:  # its finished rounds are journalled; it resumes when run again
                     session.budget_reached()
                     while not queue.empty():  # and no other task starts
@@ -124,7 +131,7 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         try:
             await asyncio.gather(*(worker() for _ in range(max(1, options.concurrency))))
         finally:
-            masks.close()
+            work.close()
             await session.close_clients(writer, editor, judge)
         return session.end()
 

@@ -28,31 +28,16 @@ from pathlib import Path
 from ..failures import EXIT_INCOMPLETE, WorkerCrashed
 from ..interrupts import children_ignore_sigint, ignore_sigint
 from ..loop import acceptance_policy
-from ..records import Attempt, EditedImage, Task
 from ..outcomes import ApiFailure, TaskOutcome, TaskStatus
+from ..pools import available_cpus, pool_size, quiet_resource_tracker
+from ..records import Attempt, EditedImage, Task
 from ..rundir import mask_files
 from .budget import BudgetReached, Ledger, SharedState, metered
+from .image_work import ImageWork
 from .local import _SourceCache, run_one_task
 from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients
 
 
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" in microseconds, or "max PERIOD"
-
-
-def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
-    """The CPUs this process may run on: its affinity mask, lowered by a cgroup v2 CPU quota (a container's
-    `--cpus`), which the mask does not show."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity call on this platform (macOS)
-        count = os.cpu_count() or 1
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-        if quota != "max":
-            count = min(count, -(-int(quota) // int(period)))  # a quota of 1.5 CPUs still keeps 2 busy
-    except (OSError, ValueError):
-        pass
-    return max(1, count)
 
 
 def auto_workers(concurrency: int, tasks: int | None = None, cpus: int | None = None) -> int:
@@ -92,8 +77,8 @@ class Stop:
 @dataclass(frozen=True)
 class AttemptDone:
     """Worker -> parent: a finished round of a task, with its image's bytes (None after a refused edit) and the
-    image's masks (rundir/mask_files.py), made in the worker so that the parent, which writes every worker's
-    rounds, only writes them."""
+    image's masks (rundir/mask_files.py), made in the worker's pool so that the parent, which writes every
+    worker's rounds, only writes them."""
     uid: str
     attempt: Attempt
     image: bytes | None
@@ -157,20 +142,25 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
                      name="medbanana-worker-inbox", daemon=True).start()
 
     # Messages go out from a thread of their own, in order: a round's image fills the pipe while the parent is
-    # busy writing another worker's, and that wait must not stall this loop's calls in flight. The thread also
-    # makes each round's masks (milliseconds of CPU), off this loop.
+    # busy writing another worker's, and that wait must not stall this loop's calls in flight. Each edit's
+    # geometry check and masks run in this worker's pool, sized to its share of the machine (image_work.py).
     outbox: queue.SimpleQueue = queue.SimpleQueue()
     sender = threading.Thread(target=_send_all, args=(outbox, results), name="medbanana-worker-outbox", daemon=True)
     sender.start()
+    work = ImageWork(pool_size(share))
 
-    def send_round(task: Task, attempt: Attempt, image: EditedImage | None) -> None:
-        outbox.put(lambda: attempt_done(task, attempt, image))
+    async def send_round(task: Task, attempt: Attempt, image: EditedImage | None) -> None:
+        if image is None:
+            outbox.put(AttemptDone(task.uid, attempt, None))
+        else:
+            masks = await work.masks(task, image, attempt.frame_rejected)
+            outbox.put(AttemptDone(task.uid, attempt, image.data, masks, image.original))
 
     async def slot() -> None:
         while isinstance(message := await inbox.get(), RunTask):
             try:
                 outcome = await run_one_task(message.task, sources, backends, options, accept, message.history,
-                                             send_round)
+                                             send_round, work)
             except BudgetReached:
                 outbox.put(TaskPaused(message.task.uid))
                 continue
@@ -180,27 +170,19 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
             outbox.put(TaskDone(message.task.uid, outcome.status, outcome.failure))
         inbox.put_nowait(message)  # the Stop, for the other slots
 
-    await asyncio.gather(*(slot() for _ in range(slots)))
+    try:
+        await asyncio.gather(*(slot() for _ in range(slots)))
+    finally:
+        work.close()
     await close_clients(*built)
     outbox.put(CallCounts(*call_counts(*built)))
     outbox.put(None)
     await asyncio.to_thread(sender.join)
 
 
-def attempt_done(task: Task, attempt: Attempt, image: EditedImage | None) -> AttemptDone:
-    """A round's message, with its image's masks made here (in the worker)."""
-    if image is None:
-        return AttemptDone(task.uid, attempt, None)
-    return AttemptDone(task.uid, attempt, image.data, mask_files.compute(task, image.data, attempt.frame_rejected),
-                     image.original)
-
-
 def _send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
-    """Send the outbox's messages to the parent until None (a callable is made into its message first); a parent
-    gone ends the worker."""
+    """Send the outbox's messages to the parent until None; a parent gone ends the worker."""
     while (message := outbox.get()) is not None:
-        if callable(message):
-            message = message()
         try:
             results.send(message)
         except OSError:
@@ -215,7 +197,9 @@ class _Worker:
         self.slots = slots
         receive_tasks, self.tasks = context.Pipe(duplex=False)
         self.results, send_results = context.Pipe(duplex=False)
-        self.process = context.Process(target=worker_main, name=f"medbanana-worker-{index}", daemon=True,
+        # not a daemon: a daemon process may not start children, and each worker starts its image pool's. It ends
+        # when its pipe from the parent closes, and `_Pool.shutdown` ends it after an error.
+        self.process = context.Process(target=worker_main, name=f"medbanana-worker-{index}", daemon=False,
                                        args=(spec, str(out), options, slots, share, receive_tasks, send_results,
                                              spend))
         with children_ignore_sigint():  # Ctrl-C is the parent's: the worker never sees it, not even while importing
@@ -250,11 +234,15 @@ class _Pool:
         count = max(1, min(self.options.workers, len(self.pending)))
         context = multiprocessing.get_context("spawn")
         spend = None
-        if self.session.ledger is not None:  # one ledger for all: the workers' steps go to shared memory
-            spend = SharedState(self.session.ledger.spent, context)
-            self.session.ledger.state = spend
-        for index, slots in enumerate(shares(max(self.options.concurrency, count), count)):
-            self.workers.append(_Worker(context, self.spec, self.run_dir, self.options, slots, count, index, spend))
+        # the resource tracker starts here, with the first semaphore or process: a worker killed with its image pool
+        # leaves semaphores that it unlinks quietly (pools.quiet_resource_tracker)
+        with quiet_resource_tracker():
+            if self.session.ledger is not None:  # one ledger for all: the workers' steps go to shared memory
+                spend = SharedState(self.session.ledger.spent, context)
+                self.session.ledger.state = spend
+            for index, slots in enumerate(shares(max(self.options.concurrency, count), count)):
+                self.workers.append(_Worker(context, self.spec, self.run_dir, self.options, slots, count, index,
+                                            spend))
         for slot in range(max(w.slots for w in self.workers)):
             for worker in self.workers:
                 if slot < worker.slots and self.pending:
@@ -321,6 +309,9 @@ class _Pool:
             if worker.process.is_alive() and not worker.stopped:
                 worker.process.terminate()
             worker.process.join(10)
+            if worker.process.is_alive():  # stopped, yet still there: nothing it does now is ever written
+                worker.process.kill()
+                worker.process.join()
 
 
 def run_in_workers(tasks: list[Task], run_dir: Path, spec, options: RunOptions,

@@ -137,7 +137,8 @@ def _run_in_passes(tasks, seed):
                            accept=acceptance_policy("qualified"), seed=seed, history=_history(task))
         live.append(batch._Live(task, steps, advance(steps)))
 
-    def on_round(task, attempt, image):
+    def on_round(task, attempt, image, masks):
+        assert masks is None  # no image pool given: the store makes them
         stored[task.key].append((attempt.round, image.data if image else None))
 
     backends = dict.fromkeys(("writer", "editor", "judge"), script)

@@ -61,6 +61,7 @@ from . import scores
 from ...anatomy import REGION_MARGIN
 from ...raster import blur, resize_mask, resize_rgb
 from .imaging import WORK, highpass, luminance, robust_std
+from .recent import RecentMeasures
 from .lesions import evidence_map, find_lesion, healthy_rgb, make_canvas, repair_area, spec_for
 
 
@@ -172,12 +173,13 @@ class PixelJudge(Judge):
     def __init__(self, *, thresholds: Thresholds | None = None, model: str = "medbanana-pixel-judge-1"):
         self.thresholds = thresholds or Thresholds()
         self.model = model
+        self._recent = RecentMeasures()  # a verdict and scores of one edit: measured once
 
     async def judge(self, task: Task, source: SourceImage, edited: EditedImage, instruction: str) -> Verdict:
         return await asyncio.to_thread(self.judge_sync, task, source, edited, instruction)
 
     def judge_sync(self, task: Task, source: SourceImage, edited: EditedImage, instruction: str = "") -> Verdict:
-        m = self.measure(task, source, edited)
+        m = self._measured(task, source, edited)
         return self.verdict(task, m)
 
     async def score(self, task: Task, source: SourceImage, edited: EditedImage, instruction: str,
@@ -186,12 +188,16 @@ class PixelJudge(Judge):
         return await asyncio.to_thread(self.score_sync, task, source, edited)
 
     def score_sync(self, task: Task, source: SourceImage, edited: EditedImage) -> EditScores:
-        m = self.measure(task, source, edited)
+        m = self._measured(task, source, edited)
         values = scores.scores(m, task.direction, task.modality, self.thresholds)
         return EditScores(editing_accuracy=values["editing_accuracy"], visual_quality=values["visual_quality"],
                           reason=self.verdict(task, m).reason, model=self.model, details={**m, **values})
 
     # ------------------------------------------------------------ measurements
+    def _measured(self, task: Task, source: SourceImage, edited: EditedImage) -> dict:
+        key = (task, source.sha256, edited.data, self.thresholds)
+        return self._recent.get(key, lambda: self.measure(task, source, edited))
+
     def measure(self, task: Task, source: SourceImage, edited: EditedImage) -> dict:
         t = self.thresholds
         spec = spec_for(task.disease)

@@ -1,0 +1,234 @@
+"""Process pools for per-image CPU work (a round's masks and geometry check, `eval`'s pixel metrics): many small
+numpy and scipy steps that hold the GIL, so in a thread beside an event loop they delay every call it handles.
+
+`pool_size` sizes a pool to the CPUs this process may use (its share of them when `--workers` processes split the
+machine) and to the memory available (PROCESS_MEMORY per process). `ImagePool` runs functions in such a pool for an
+event loop: at most `size` jobs are in the processes at once, so a thousand images arriving together wait as the
+objects they already are, not as pickled copies in a pipe, and a job on a task's critical path (`urgent`) goes
+before those queued behind it. Its processes are spawned (a fork of a process with threads and an event loop is not
+safe), start with SIGINT blocked (interrupts.py: Ctrl-C is the parent's) and end when their parent does, even when
+it was killed. A pool whose process died (killed, out of memory) is replaced for the next job, at most RESTARTS
+times; after that `run` raises PoolBroken at once, and the caller does the work another way or goes without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, Callable
+
+from .interrupts import children_ignore_sigint, ignore_sigint
+
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" in microseconds, or "max PERIOD"
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2: bytes, or "max"
+MEMINFO = Path("/proc/meminfo")
+# what one pool process may hold at its peak: ~60 MB of code (numpy, scipy, Pillow), ~100 MB at 1024 px (a round's
+# masks and geometry check, eval's SSIM maps), with room for larger images
+PROCESS_MEMORY = 256 * 2**20
+RESTARTS = 3
+
+
+def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """The CPUs this process may run on: its affinity mask, lowered by a cgroup v2 CPU quota (a container's
+    `--cpus`), which the mask does not show."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform (macOS)
+        count = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            count = min(count, -(-int(quota) // int(period)))  # a quota of 1.5 CPUs still keeps 2 busy
+    except (OSError, ValueError):
+        pass
+    return max(1, count)
+
+
+def available_memory(meminfo: Path = MEMINFO, memory_max: Path = CGROUP_MEMORY_MAX) -> int | None:
+    """Bytes of memory this process can still use: the kernel's MemAvailable, lowered by a cgroup v2 limit; None
+    where neither can be read (not Linux)."""
+    found = []
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = memory_max.read_text().strip()
+        if limit != "max":
+            found.append(int(limit))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def pool_size(share: int = 1, *, cpus: int | None = None, memory: int | None = None) -> int:
+    """Processes for a pool that gets 1/`share` of the machine: its share of the available CPUs (at least one), no
+    more than its share of the available memory holds at PROCESS_MEMORY each.
+
+    >>> pool_size(cpus=8, memory=16 * 2**30), pool_size(2, cpus=8, memory=16 * 2**30), pool_size(4, cpus=2)
+    (8, 4, 1)
+    >>> pool_size(cpus=8, memory=600 * 2**20)  # memory for two
+    2
+    """
+    share = max(1, share)
+    count = max(1, (available_cpus() if cpus is None else cpus) // share)
+    memory = available_memory() if memory is None else memory
+    if memory is not None:
+        count = min(count, max(1, memory // share // PROCESS_MEMORY))
+    return count
+
+
+# A pool's queues hold named semaphores. A process killed (out of memory) with a pool of its own cannot unlink them;
+# multiprocessing's resource tracker does, and says so on stderr when the run ends: noise after the run's own error.
+QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+@contextlib.contextmanager
+def quiet_resource_tracker():
+    """Processes started in the block (and the resource tracker, which starts with the first) run with the
+    PYTHONWARNINGS filter QUIET_TRACKER: the tracker still unlinks what a killed process left, without a word."""
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = f"{before},{QUIET_TRACKER}" if before else QUIET_TRACKER
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
+class PoolBroken(RuntimeError):
+    """The pool cannot run the job: its process died and it was replaced RESTARTS times already, or it was
+    closed."""
+
+
+def _start_child(initializer: Callable | None, initargs: tuple) -> None:
+    """A pool process's first act: Ctrl-C ignored, an exit when its parent ends, then the caller's initializer."""
+    ignore_sigint()
+    threading.Thread(target=_exit_with_parent, name="medbanana-pool-parent", daemon=True).start()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _started() -> None:
+    """A job that does nothing: submitted to start a process."""
+
+
+def _exit_with_parent() -> None:
+    """End this process once its parent has ended (a killed parent leaves no orphan computing for nobody)."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.sentinel is not None:
+        wait([parent.sentinel])
+        os._exit(0)
+
+
+class ImagePool:
+    """Functions run in `size` spawned processes for an event loop (module docstring); started at the first job.
+    `initializer(*initargs)` runs once in each process."""
+
+    def __init__(self, size: int, *, initializer: Callable | None = None, initargs: tuple = ()):
+        self.size = max(1, size)
+        self.initializer, self.initargs = initializer, initargs
+        self.restarts = 0
+        self._executor: ProcessPoolExecutor | None = None
+        self._closed = False
+        self._running = 0
+        self._waiting: list = []  # heap of (0 urgent | 1, order, function, arguments, future)
+        self._order = itertools.count()
+
+    def start(self) -> None:
+        """Start the processes now (their imports take a second or more), so that the first jobs, which a run
+        needs minutes later, do not wait for them."""
+        try:
+            executor = self._pool()
+            with children_ignore_sigint():
+                for _ in range(self.size):  # a process is spawned for each job that finds none idle
+                    executor.submit(_started)
+        except (BrokenProcessPool, RuntimeError, OSError):  # the first job finds out, and says so
+            pass
+
+    async def run(self, function: Callable, *args: Any, urgent: bool = False) -> Any:
+        """`function(*args)` in a pool process (both picklable); its exception is raised here. PoolBroken when
+        the pool cannot run it (the process died and no restart is left, or the pool was closed)."""
+        if self._closed or self.restarts > RESTARTS:
+            raise PoolBroken("the image pool is closed" if self._closed else
+                             f"the image pool's processes died {self.restarts} times")
+        done = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (0 if urgent else 1, next(self._order), function, args, done))
+        self._fill()
+        return await done
+
+    def _fill(self) -> None:
+        while self._running < self.size and self._waiting:
+            *_, function, args, done = heapq.heappop(self._waiting)
+            if done.done():  # its caller was cancelled meanwhile
+                continue
+            executor = None
+            try:
+                executor = self._pool()
+                with children_ignore_sigint():  # submitting may start a process: Ctrl-C is the parent's
+                    job = executor.submit(function, *args)
+            except (BrokenProcessPool, RuntimeError, OSError) as exc:  # RuntimeError: closed meanwhile
+                self._broken(executor, done, exc)
+                continue
+            self._running += 1
+            asyncio.wrap_future(job).add_done_callback(
+                lambda finished, done=done, executor=executor: self._finished(finished, done, executor))
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._closed or self.restarts > RESTARTS:
+            raise RuntimeError("the image pool is closed or broken")
+        if self._executor is None:
+            import multiprocessing
+
+            self._executor = ProcessPoolExecutor(self.size, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_start_child, initargs=(self.initializer, self.initargs))
+        return self._executor
+
+    def _finished(self, finished: asyncio.Future, done: asyncio.Future, executor: ProcessPoolExecutor) -> None:
+        self._running -= 1
+        if finished.cancelled():
+            if not done.done():
+                done.cancel()
+        elif isinstance(error := finished.exception(), BrokenProcessPool):
+            self._broken(executor, done, error)
+        elif not done.done():
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(finished.result())
+        self._fill()
+
+    def _broken(self, executor: ProcessPoolExecutor | None, done: asyncio.Future, error: BaseException) -> None:
+        """A job lost to a dead process: PoolBroken for it; the broken pool is replaced for the jobs after it
+        (once: every job it held ends here)."""
+        if executor is not None and executor is self._executor and isinstance(error, BrokenProcessPool):
+            executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+            self.restarts += 1
+        if not done.done():
+            done.set_exception(PoolBroken(f"an image pool process died: {error}"))
+
+    def close(self) -> None:
+        """Stop the processes (jobs not started are dropped; their callers get PoolBroken)."""
+        self._closed = True
+        for *_, done in self._waiting:
+            if not done.done():
+                done.set_exception(PoolBroken("the image pool is closed"))
+        self._waiting.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None

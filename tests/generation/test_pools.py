@@ -1,0 +1,148 @@
+"""The process pool of per-image work (generation/pools.py, runners/image_work.py): sized to the CPUs and memory this
+process may use (its share under `--workers`), a task's urgent job ahead of the queued ones, a killed process
+costing only the jobs it held, and a run whose pool cannot work storing every round without masks, which the
+build then computes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from medbanana.cli import main
+from medbanana.generation import pools
+from medbanana.generation.rundir import layout
+from medbanana.generation.rundir.store import read_journal
+from medbanana.generation.runners import image_work
+
+GIB = 2**30
+
+
+def test_pool_size_is_the_share_of_cpus_bounded_by_memory():
+    assert pools.pool_size(cpus=8, memory=64 * GIB) == 8
+    assert pools.pool_size(2, cpus=8, memory=64 * GIB) == 4  # --workers 2: each worker's pool gets half
+    assert pools.pool_size(3, cpus=8, memory=64 * GIB) == 2
+    assert pools.pool_size(16, cpus=8, memory=64 * GIB) == 1  # never none
+    assert pools.pool_size(cpus=8, memory=3 * pools.PROCESS_MEMORY) == 3  # memory for three processes
+    assert pools.pool_size(2, cpus=8, memory=3 * pools.PROCESS_MEMORY) == 1
+    assert pools.pool_size(cpus=8, memory=pools.PROCESS_MEMORY // 2) == 1
+
+
+def test_available_memory_is_meminfo_lowered_by_the_cgroup_limit(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16000000 kB\nMemAvailable:    8000000 kB\n")
+    limit = tmp_path / "memory.max"
+    limit.write_text("max\n")
+    assert pools.available_memory(meminfo, limit) == 8000000 * 1024
+    limit.write_text(f"{2 * GIB}\n")
+    assert pools.available_memory(meminfo, limit) == 2 * GIB
+    assert pools.available_memory(tmp_path / "absent", tmp_path / "absent") is None
+    assert pools.pool_size(cpus=4, memory=pools.available_memory(meminfo, limit)) == 4
+    limit.write_text(f"{pools.PROCESS_MEMORY}\n")  # a container with room for one
+    assert pools.pool_size(cpus=4, memory=pools.available_memory(meminfo, limit)) == 1
+
+
+def _stamp(seconds: float) -> float:
+    """A job: sleeps, then says when it ended (CLOCK_MONOTONIC is the machine's, shared by processes)."""
+    time.sleep(seconds)
+    return time.monotonic()
+
+
+def test_jobs_run_in_other_processes_and_an_urgent_one_goes_before_those_queued():
+    async def scenario():
+        pool = pools.ImagePool(1)
+        try:
+            assert await pool.run(os.getpid) != os.getpid()
+            queued = [asyncio.ensure_future(pool.run(_stamp, 0.3)) for _ in range(4)]
+            await asyncio.sleep(0.05)  # the first is running, three wait
+            urgent = asyncio.ensure_future(pool.run(_stamp, 0.0, urgent=True))
+            ends = await asyncio.gather(*queued)
+            ended = await urgent
+        finally:
+            pool.close()
+        assert ends[0] < ended < min(ends[1:])  # after the running job, before every queued one
+
+    asyncio.run(scenario())
+
+
+def _raise() -> None:
+    raise ValueError("the job's own error")
+
+
+def test_a_killed_process_costs_its_job_only_and_the_pool_is_replaced():
+    async def scenario():
+        pool = pools.ImagePool(1)
+        try:
+            first = await pool.run(os.getpid)
+            with pytest.raises(ValueError, match="own error"):  # a job's exception is its caller's, pool intact
+                await pool.run(_raise)
+            assert await pool.run(os.getpid) == first and pool.restarts == 0
+            held = asyncio.ensure_future(pool.run(time.sleep, 30))
+            await asyncio.sleep(0.3)
+            os.kill(first, signal.SIGKILL)  # out of memory, or a user's kill
+            with pytest.raises(pools.PoolBroken):
+                await asyncio.wait_for(held, 20)
+            second = await pool.run(os.getpid)  # a fresh pool for the next job
+            assert second != first and pool.restarts == 1
+            for _ in range(pools.RESTARTS):  # killed again and again: after RESTARTS replacements it gives up
+                pid = await pool.run(os.getpid)
+                held = asyncio.ensure_future(pool.run(time.sleep, 30))
+                await asyncio.sleep(0.3)
+                os.kill(pid, signal.SIGKILL)
+                with pytest.raises(pools.PoolBroken):
+                    await asyncio.wait_for(held, 20)
+            with pytest.raises(pools.PoolBroken, match="died"):
+                await pool.run(os.getpid)
+        finally:
+            pool.close()
+        with pytest.raises(pools.PoolBroken, match="closed"):
+            await pool.run(os.getpid)
+
+    asyncio.run(scenario())
+
+
+class DyingPool(pools.ImagePool):
+    """An image pool whose every process dies as it starts (killed, out of memory)."""
+
+    def __init__(self, size: int, **_):
+        super().__init__(size, initializer=os._exit, initargs=(9,))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pools") / "demo"
+    assert main(["demo", "--out", str(out), "--normal", "1", "--diseased", "1", "--size", "128", "--max-rounds", "1",
+                 "--no-build", "-q"]) == 0
+    return out / "sources"
+
+
+def _image_rounds(run: Path) -> list[str]:
+    return [entry["round"]["image"] for entry in read_journal(run / layout.JOURNAL)
+            if entry["type"] == "round" and entry["round"].get("image")]
+
+
+@pytest.mark.slow
+def test_a_run_whose_pool_dies_stores_every_round_without_masks_and_the_build_computes_them(sources, tmp_path,
+                                                                                           monkeypatch):
+    monkeypatch.setattr(image_work, "ImagePool", DyingPool)
+    run = tmp_path / "run"
+    code = main(["generate", "--sources", str(sources), "--out", str(run), "--backend", "simulator", "--limit", "6",
+                 "--max-rounds", "2", "--geometry", "register", "-q"])
+    assert code in (0, 3)
+    images = _image_rounds(run)
+    assert len(images) >= 6 and all((run / image).is_file() for image in images)
+    records = [json.loads(line) for line in (run / layout.JOURNAL).read_text().splitlines()]
+    tasks = [r["record"] for r in records if r["type"] == "task"]
+    assert len(tasks) == 6 and all(t["status"] in ("success", "failed") for t in tasks)  # no task lost to the pool
+    assert all("geometry" in rnd for t in tasks for rnd in t["rounds"] if rnd.get("image"))  # checked in a thread
+    assert not [rel for image in images for rel in layout.mask_relpaths(image) if (run / rel).exists()]  # its cost
+    out = tmp_path / "dataset"
+    assert main(["build", str(run), "--out", str(out), "--source-images", str(sources), "--configs", "failed,sft",
+                 "-q"]) == 0
+    masks = json.loads((out / "medbanana-build.json").read_text())["stats"]["edit_masks"]
+    assert masks == {"computed": len(images)}  # every mask the run could not store, made by the build
