@@ -28,6 +28,7 @@ def test_help_explains_every_command(capsys):
     assert "--sources" in out and "--max-rounds" in out and "resume" in out.lower()
 
 
+@pytest.mark.slow
 def test_generate_prints_a_summary_and_resumes(tiny_sources, tmp_path, scripted_backend, capsys):
     argv = ["generate", "--sources", str(tiny_sources), "--out", str(tmp_path / "run"), "--backend", "scripted",
             "--diseases", "Pneumothorax", "Glaucoma", "-q"]

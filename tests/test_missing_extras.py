@@ -74,6 +74,7 @@ def test_a_missing_extra_is_one_line_naming_it(demo, tmp_path, modules, extra, a
     assert not out.exists(), "a command that cannot run must not leave a half-made output folder"
 
 
+@pytest.mark.slow
 def test_review_report_without_krippendorff_is_one_line(demo, tmp_path):
     made = subprocess.run([sys.executable, "-m", "medbanana", "review", str(demo / "run"), "--out",
                            str(tmp_path / "review"), "--items", "4", "--no-serve", "--source-images",
@@ -85,6 +86,7 @@ def test_review_report_without_krippendorff_is_one_line(demo, tmp_path):
     one_line_naming(result, "review")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["stats", "{run}", "--out", "{out}"], ["build", "{run}", "--out", "{out}"]])
 def test_without_matplotlib_only_figure3_is_left_out_in_one_line(demo, tmp_path, argv):
     out = tmp_path / "out"

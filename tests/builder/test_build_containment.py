@@ -155,6 +155,7 @@ def test_an_accepted_image_linked_outside_is_refused(run, secret, tmp_path, caps
     assert_skipped(code, out, entry["final_image"], repr(key))
 
 
+@pytest.mark.slow
 def test_a_class_folder_or_output_folder_linked_outside_is_refused(run, tmp_path, capsys):
     key, entry = accepted(run)
     disease = entry["disease"]
@@ -180,6 +181,7 @@ def test_a_class_folder_or_output_folder_linked_outside_is_refused(run, tmp_path
     assert not any(isinstance(v, str) and v.startswith(f"{DATASET}/add/") for v in parquet_values(out))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["dataset", "dataset-absolute", "source_id", "task key", "disease"])
 def test_json_fields_that_steer_paths_outside_are_refused(run, tmp_path, capsys, field):
     data = conversations(run)
@@ -291,6 +293,7 @@ def test_files_that_are_not_images_are_refused(run, tmp_path, capsys, content, r
     assert refused["by_reason"] == {"not an image": 1}
 
 
+@pytest.mark.slow
 def test_records_and_run_config_linked_outside_are_refused(run, tmp_path, capsys):
     outside = tmp_path / "outside-records.jsonl"
     outside.write_text(json.dumps({"image_id": "x.jpeg", "dataset": DATASET, "disease": "Effusion",
@@ -312,6 +315,7 @@ def test_records_and_run_config_linked_outside_are_refused(run, tmp_path, capsys
     assert "up to 77 rounds" not in (out / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_records_line_steering_outside_is_refused(tmp_path, capsys):
     records_run = tmp_path / "records-run"
     records_run.mkdir()

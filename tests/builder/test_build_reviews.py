@@ -29,6 +29,10 @@ def answer_everything(store: ReviewStore, rater: str, qualified) -> list[tuple[s
     return given
 
 
+# every test builds from the module's review run (about 20 s to make)
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def reviewed(demo_run_root, tmp_path_factory):
     root = tmp_path_factory.mktemp("reviews")
@@ -46,7 +50,6 @@ def reviewed(demo_run_root, tmp_path_factory):
     return out, rubric, realism, given
 
 
-@pytest.mark.slow
 def test_every_answer_is_one_row_tied_to_its_judged_attempt(reviewed):
     out, rubric, realism, given = reviewed
     rows = load_medbanana(out, "human_review", split="train").to_list()
@@ -115,7 +118,6 @@ def test_review_reasons_drop_leaves_the_free_text_out(reviewed, demo_run_root, t
     assert any(answer.reason for answers in given.values() for _, answer in answers)  # there were reasons to drop
 
 
-@pytest.mark.slow
 def test_build_reads_a_review_folder_without_the_review_stage(reviewed, demo_run_root, tmp_path):
     """The builder reads a review through its own read contract (generation/dataset/review_folder.py): with the review stage's
     store absent from the process (`sys.modules[name] = None`), `medbanana build --reviews` gives the same rows."""

@@ -196,6 +196,7 @@ def test_a_build_is_refused_while_another_process_builds_the_same_out(earlier, r
     assert (earlier / "conversations").is_dir() and not (earlier / "sft").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", [".", f"{DATASET}-edit"])  # one output folder given: its run is locked
 def test_a_build_is_refused_while_generate_writes_its_input_run(run, tmp_path, given):
     with hold_lock(run, "run directory"):  # as `medbanana generate` holds it while it writes
@@ -222,6 +223,7 @@ def test_eval_is_refused_while_another_process_holds_its_out(tmp_path):
 
 # --- sources a build may attach: the ones the run edited ----------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_build_without_sources_says_so_in_one_line_and_how_to_attach_them(run, tmp_path, capfd):
     code, _out, err = cli(capfd, run, "--out", tmp_path / "out", "--configs", "sft,conversations")
     assert code == 0
@@ -231,6 +233,7 @@ def test_a_build_without_sources_says_so_in_one_line_and_how_to_attach_them(run,
     assert code == 0 and "source_image" not in err  # no config with the column: nothing to say
 
 
+@pytest.mark.slow
 def test_sources_other_than_the_runs_are_refused_naming_the_file_and_its_size(tiny_sources, tmp_path, capfd,
                                                                              monkeypatch):
     """`generate` records each source's SHA-256; a --source-images file of the same name with other content (the

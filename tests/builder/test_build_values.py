@@ -10,6 +10,7 @@ import json
 import os
 
 import pyarrow.parquet as pq
+import pytest
 
 from test_build_containment import EDIT, base, build, conversations, run, write_conversations  # noqa: F401
 
@@ -19,6 +20,7 @@ def _scores(out) -> list:
             for score in pq.read_table(path, columns=["score"]).column("score").to_pylist()]
 
 
+@pytest.mark.slow
 def test_a_score_that_is_no_number_is_read_as_null_or_its_number_counted_and_named(run, tmp_path, capsys):
     code, err, out = build(tmp_path, capsys, run, "--configs", "judge")
     assert code == 0 and "'score'" not in err, err

@@ -33,6 +33,7 @@ def built_both(builder_original_run, builder_ours_run, tmp_path_factory):
     return out, info
 
 
+@pytest.mark.slow
 def test_every_config_loads_with_the_row_counts_the_json_implies(built_both, builder_original_run,
                                                                   builder_ours_run, builder_counts, tmp_path):
     out, info = built_both
@@ -137,6 +138,7 @@ def test_shards_are_bounded_named_for_the_hub_and_carry_the_features(built_both)
         assert features["edited_image"]["_type"] == "Image"
 
 
+@pytest.mark.slow
 def test_test_split_never_shares_a_source_image(builder_original_run, tmp_path):
     out = tmp_path / "split"
     info = build([builder_original_run], out, test_fraction=0.3, quiet=True)
@@ -147,6 +149,7 @@ def test_test_split_never_shares_a_source_image(builder_original_run, tmp_path):
         assert len(ds["train"]) + len(ds["test"]) == sum(v["rows"] for v in info["configs"][config].values())
 
 
+@pytest.mark.slow
 def test_parallel_build_writes_the_same_rows(builder_ours_run, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     build([builder_ours_run], one, quiet=True, configs=["failed", "conversations"])
@@ -178,6 +181,7 @@ def test_partition_plan_covers_every_task_once(builder_ours_run):
             assert all(blocks == 1 for items in plan for _u, _b, blocks in items)
 
 
+@pytest.mark.slow
 def test_source_images_are_embedded_only_when_asked(builder_ours_run, tmp_path):
     sources = builder_ours_run.parent / "sources"
     out = tmp_path / "with-sources"
@@ -202,6 +206,7 @@ def test_missing_image_files_give_null_images_and_are_reported(builder_original_
     assert paths.count(None) == 1 and victim.relative_to(run).as_posix() not in paths
 
 
+@pytest.mark.slow
 def test_output_folder_rules(builder_original_run, tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -261,6 +266,7 @@ def _records_from_json(run: Path) -> list[dict]:
     return records
 
 
+@pytest.mark.slow
 def test_paper_record_schema_builds_the_same_sft_and_pairs(builder_original_run, builder_counts, tmp_path):
     run = tmp_path / "records-run"
     shutil.copytree(builder_original_run, run, ignore=shutil.ignore_patterns("*.json"))

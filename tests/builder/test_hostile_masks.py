@@ -170,6 +170,7 @@ def test_region_masks_of_another_size_are_rejected(base, tmp_path, region):
             assert all(r is None for r in regions)
 
 
+@pytest.mark.slow
 def test_a_folder_where_an_image_should_be_is_counted_by_its_path(base, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(base / "run", run)

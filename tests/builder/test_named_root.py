@@ -41,6 +41,7 @@ def image_of(entry: dict, dataset: str, source_id: str) -> str:
 
 # --- item 1: the folder named is the root ----------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["dataset", "source_id"])
 def test_a_named_edit_folder_is_the_root_not_its_run(run, tmp_path, capsys, field):
     data = conversations(run)
@@ -70,6 +71,7 @@ def test_a_named_edit_folder_is_the_root_not_its_run(run, tmp_path, capsys, fiel
     assert marker_in(out)
 
 
+@pytest.mark.slow
 def test_a_named_folder_reads_its_failed_sibling_but_not_one_linked_out(run, tmp_path, capsys):
     code, err, out = build(tmp_path, capsys, run / EDIT, "--configs", "failed")
     assert code == 0, err
@@ -227,6 +229,7 @@ def test_inconsistent_records_are_refused_or_left_out_and_listed(run, tmp_path, 
     assert uid not in [v for v in parquet_values(out) if isinstance(v, str)]
 
 
+@pytest.mark.slow
 def test_coerced_verdict_values_are_counted_and_named_once_per_field(run, tmp_path, capsys):
     code, err, out = build(tmp_path, capsys, run, "--configs", "conversations")
     assert code == 0 and info_of(out)["stats"]["coerced"] == {} and "read as booleans" not in err

@@ -102,6 +102,7 @@ def test_reason_phrases_normalise_clauses():
     assert reason_phrases("") == []
 
 
+@pytest.mark.slow
 def test_a_built_dataset_gives_the_same_tables_as_its_run(hand_run, tmp_path):
     build([hand_run], tmp_path / "ds", configs=["conversations"], quiet=True)
     from_run, from_dataset = summary.summarise([hand_run]), summary.summarise([tmp_path / "ds"])

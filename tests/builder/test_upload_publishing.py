@@ -152,6 +152,7 @@ def _assert_card_names_existing_files(files: dict[str, bytes]) -> None:
         assert name in files and hashlib.sha256(files[name]).hexdigest() == digest, name
 
 
+@pytest.mark.slow
 def test_reupload_of_a_rebuild_with_fewer_shards_deletes_the_stale_ones_and_keeps_the_users(hub, builds, capsys):
     assert _upload(builds["many"], capsys)[0] == 0
     hub["files"].update(USER_FILES)
@@ -256,6 +257,7 @@ def test_private_into_an_existing_public_repository_is_refused_before_anything_i
     assert hub["files"] == _files(builds["few"])
 
 
+@pytest.mark.slow
 def test_a_second_upload_of_the_same_folder_sends_nothing(hub, builds, tmp_path):
     """Run as the installed command, in a fresh process that reads HF_ENDPOINT at import like any user's."""
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}

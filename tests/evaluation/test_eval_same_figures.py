@@ -72,6 +72,7 @@ def _assert_close(before, after, where: str) -> None:
         assert before == after, (where, before, after)
 
 
+@pytest.mark.slow
 def test_eval_gives_the_straightforward_computations_figures_and_workers_change_nothing(dataset, tmp_path,
                                                                                         monkeypatch):
     with monkeypatch.context() as before:

@@ -113,6 +113,7 @@ def tiny_vit(tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_checkpoint_folder_through_the_cli_matches_the_model_called_directly(tmp_path, tiny_vit):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")

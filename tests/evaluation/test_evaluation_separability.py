@@ -201,6 +201,7 @@ def test_real_vs_real_split_is_the_same_in_any_folder(tmp_path):
     assert rows[0] == rows[1] and (rows[0]["real"], rows[0]["compared"]) == (15, 15)
 
 
+@pytest.mark.slow
 def test_eval_cli_writes_the_separability_report(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
@@ -244,6 +245,7 @@ def test_pretrained_timm_features_from_a_folder_add_their_rows(tmp_path):
     _check_pretrained_rows(tmp_path, f"timm:{model_dir}")
 
 
+@pytest.mark.slow
 def test_open_clip_features_from_a_checkpoint_file_add_their_rows(tmp_path):
     """`open_clip:MODEL/PRETRAINED` with PRETRAINED a checkpoint file, as open_clip's own releases are saved (a
     state dict). The architecture is a tiny one registered the way open_clip takes custom configs: weights of a

@@ -44,6 +44,7 @@ def _generate(sources: Path, out: Path, *extra: str) -> list[str]:
 
 # ---------------------------------------------------------------- generate
 
+@pytest.mark.slow
 def test_generate_exits_3_with_top_reasons_when_every_task_ended_api_failed(fake, sources, tmp_path, monkeypatch,
                                                                             capfd):
     monkeypatch.setenv("GEMINI_API_KEY", KEY)
@@ -63,6 +64,7 @@ def test_generate_exits_3_with_top_reasons_when_every_task_ended_api_failed(fake
     assert "api_failed" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_generate_exit_code_reaches_the_shell_for_an_unreachable_endpoint(sources, tmp_path):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

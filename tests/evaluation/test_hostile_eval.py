@@ -79,6 +79,7 @@ def no_traceback(result: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_bad_dataset_masks_and_attention_are_per_sample_errors(base, tmp_path):
     dataset, run = tmp_path / "dataset", tmp_path / "run"
     shutil.copytree(base / "dataset", dataset)
@@ -155,6 +156,7 @@ def test_a_malformed_attention_run_is_left_out_and_listed(base, tmp_path, case):
     assert report["samples"]  # the other folders' samples are scored
 
 
+@pytest.mark.slow
 def test_an_attention_run_that_is_a_file_is_refused_before_anything_is_written(base, tmp_path):
     not_a_run = tmp_path / "run.json"
     not_a_run.write_text("{}")

@@ -5,6 +5,8 @@ through a link."""
 import json
 import os
 
+import pytest
+
 from test_evaluation_agreement import four_edits  # noqa: F401  (a fixture)
 from test_evaluation_separability import samples_with_format_confound
 
@@ -33,6 +35,7 @@ def test_judge_agreement_writes_no_file_through_a_link(four_edits, tmp_path):  #
     assert not (out / "report.md").is_symlink() and (out / "report.md").stat().st_nlink == 1
 
 
+@pytest.mark.slow
 def test_eval_probe_outputs_are_written_by_rename(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()

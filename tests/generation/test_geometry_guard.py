@@ -63,6 +63,7 @@ def source_of(sources: Path, record: dict) -> bytes:
     return (sources / record["source_path"]).read_bytes()
 
 
+@pytest.mark.slow
 def test_under_the_default_no_drifted_edit_reaches_the_judge_as_it_came(sources, fake, tmp_path):
     out = tmp_path / "run"
     done = generate(sources, out, fake, "--simulator-drift", "1")
@@ -96,6 +97,7 @@ def test_under_the_default_no_drifted_edit_reaches_the_judge_as_it_came(sources,
     assert "warped back onto the source's grid" in done.stdout
 
 
+@pytest.mark.slow
 def test_reject_fails_the_attempt_before_the_judge_and_the_writer_is_told(sources, fake, tmp_path):
     out = tmp_path / "run"
     done = generate(sources, out, fake, "--simulator-drift", "1", "--geometry", "reject")
@@ -116,6 +118,7 @@ def test_reject_fails_the_attempt_before_the_judge_and_the_writer_is_told(source
     assert f"{len(seen)} rejected before the judge" in done.stdout
 
 
+@pytest.mark.slow
 def test_record_judges_every_edit_as_it_came(sources, fake, tmp_path):
     out = tmp_path / "run"
     generate(sources, out, fake, "--simulator-drift", "0.5", "--geometry", "record", "--seed", "3")
@@ -143,6 +146,7 @@ def _rows(dataset: Path, config: str) -> list[dict]:
     return ds.select_columns([c for c in columns if c in ds.column_names]).to_list()
 
 
+@pytest.mark.slow
 def test_rows_carry_the_alignment_and_a_build_measures_runs_without_it(sources, fake, tmp_path):
     run = tmp_path / "run"
     generate(sources, run, fake, "--simulator-drift", "0.5", "--geometry", "record", "--seed", "5")
@@ -176,6 +180,7 @@ def test_rows_carry_the_alignment_and_a_build_measures_runs_without_it(sources, 
     assert "needs the source image" in (blind / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_eval_scores_registered_pairs_and_says_so(sources, fake, tmp_path):
     run = tmp_path / "run"
     generate(sources, run, fake, "--simulator-drift", "0.6", "--geometry", "record", "--seed", "8")
@@ -192,6 +197,7 @@ def test_eval_scores_registered_pairs_and_says_so(sources, fake, tmp_path):
     assert f"CP, SSIM and PSNR on registered pairs: {len(moved)} of {len(records)} edits" in report
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SAMPLES.is_dir(), reason=f"released sample images not found at {SHARED_SAMPLES}")
 def test_released_samples_without_sources_get_null_alignment_said_so(tmp_path):
     built = _build(SHARED_SAMPLES, tmp_path / "released")  # image-only folders: accepted edits, no sources
@@ -201,6 +207,7 @@ def test_released_samples_without_sources_get_null_alignment_said_so(tmp_path):
         built / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_merge_carries_the_originals_and_opening_drops_those_no_round_names(sources, fake, tmp_path):
     shards = [tmp_path / f"shard{i}" for i in range(2)]
     for i, shard in enumerate(shards):
@@ -223,6 +230,7 @@ def test_merge_carries_the_originals_and_opening_drops_those_no_round_names(sour
     assert all((merged / layout.original_relpath(image)).is_file() for image in registered)
 
 
+@pytest.mark.slow
 def test_the_drift_is_the_simulators_and_a_retry_takes_the_recorded_guard(sources, tmp_path):
     import argparse
 

@@ -24,6 +24,7 @@ def _task(tiny_sources, key="n0-Pneumothorax"):
     return next(t for t in scan_sources(tiny_sources) if t.key == key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_success_at_round_k_keeps_k_minus_1_failed_attempts(tiny_sources, tmp_path, k):
     task = _task(tiny_sources)
@@ -57,6 +58,7 @@ def test_failed_task_after_max_rounds_and_failed_summary(tiny_sources, tmp_path)
     assert Path(fs[0]["final_image_path"]).name == "p0-Pneumothorax-remove-failed-4.jpeg"
 
 
+@pytest.mark.slow
 def test_edit_refused_is_a_recorded_round_and_api_error_keeps_the_conversation(tiny_sources, tmp_path):
     task = _task(tiny_sources)
     run([task], tmp_path / "a", ScriptedWriter(), ScriptedEditor(refuse_round=1), ScriptedJudge(lambda t: 2),
@@ -108,6 +110,7 @@ def test_other_configuration_is_refused_without_damage(tiny_sources, tmp_path):
     assert files() == before
 
 
+@pytest.mark.slow
 def test_resuming_with_another_geometry_guard_is_refused_but_a_run_from_before_the_guard_resumes(tiny_sources,
                                                                                                  tmp_path):
     task = _task(tiny_sources)

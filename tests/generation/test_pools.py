@@ -53,6 +53,7 @@ def _stamp(seconds: float) -> float:
     return time.monotonic()
 
 
+@pytest.mark.slow
 def test_jobs_run_in_other_processes_and_an_urgent_one_goes_before_those_queued():
     async def scenario():
         pool = pools.ImagePool(1)
@@ -74,6 +75,7 @@ def _raise() -> None:
     raise ValueError("the job's own error")
 
 
+@pytest.mark.slow
 def test_a_killed_process_costs_its_job_only_and_the_pool_is_replaced():
     async def scenario():
         pool = pools.ImagePool(1)

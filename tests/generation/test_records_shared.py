@@ -89,6 +89,7 @@ def test_output_folder_names_are_parsed_in_one_place():
     assert not layout.is_layout_dir("A-failed") and not layout.is_layout_dir("medbanana-orphans")
 
 
+@pytest.mark.slow
 def test_what_the_generator_writes_the_journal_and_the_builder_read_alike(tiny_sources, tmp_path):
     tasks = [t for t in scan_sources(tiny_sources) if t.dataset == "MIMIC_tiny"]
     run(tasks, tmp_path / "run", ScriptedWriter(), ScriptedEditor(), ScriptedJudge(lambda t: 2),

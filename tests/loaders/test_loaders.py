@@ -184,6 +184,7 @@ def built(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_load_medbanana_checks_the_config_and_the_folder(built):
     for config in CONFIG_NAMES:  # what a build without --reviews holds (tests/builder/test_build_reviews.py: more)
         ds = load_medbanana(built / "with", config)
@@ -260,6 +261,7 @@ def test_a_folder_rewritten_in_place_loads_its_new_rows_and_an_unchanged_one_reu
     assert again["instruction"] == [f"rewritten {i}" for i in range(first.num_rows)]
 
 
+@pytest.mark.slow
 def test_a_name_that_is_no_folder_here_fails_at_once_with_what_to_do(tmp_path):
     """A bare name from another folder is refused naming the folder it looked in; an ORG/NAME id with the Hub out
     of reach (here a port nothing listens on) is one ConnectionError saying how to load a build or the cached copy,

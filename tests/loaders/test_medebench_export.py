@@ -288,6 +288,7 @@ def test_the_command_line_does_not_import_datasets():
                           check=True).stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_more_threads_write_the_same_export(demo_dataset, tmp_path):
     """PNGs encoded on several threads land under the ids the rows were given, in order, byte for byte."""
     exports = {}

@@ -144,6 +144,7 @@ def test_export_and_report_run_from_the_command_line(small_run, tmp_path, capsys
     assert (report / "report.md").is_file() and f"wrote {report / 'report.md'}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_taken_port_is_one_clear_line(small_run, tmp_path, capsys):
     import socket
 

@@ -75,6 +75,7 @@ def test_the_calibration_sample_is_random_stratified_and_says_so(calibrated):
     assert "Sample: a calibration sample" in (root / "report" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_calibrate_chooses_the_most_yielding_rule_that_passes_in_sequence(calibrated):
     root, run, _sources, _answered, policy = calibrated
     rule = AcceptanceRule.parse(policy["rule"])

@@ -64,6 +64,7 @@ def two_raters(run_dir, tmp_path_factory):
     return folder, items, out
 
 
+@pytest.mark.slow
 def test_cohen_kappa_is_the_hand_computation(two_raters):
     _folder, _items, out = two_raters
     report = json.loads((out / "report.json").read_text())
@@ -115,6 +116,7 @@ def test_judge_vs_human_uses_the_majority_and_the_recorded_verdicts(two_raters):
             assert image.format == "PNG" and image.size[0] > 300
 
 
+@pytest.mark.slow
 def test_intervals_are_reproducible_by_seed(two_raters, tmp_path):
     folder, _items, out = two_raters
     again = json.loads(write_report(folder, tmp_path / "same", bootstrap=BOOT, seed=0).with_name(

@@ -124,6 +124,7 @@ def _rate_until_done(folder: str, rater: str) -> int:
     return answered
 
 
+@pytest.mark.slow
 def test_raters_in_parallel_processes_never_overfill_an_item(run, tmp_path):
     store = create_review(run, tmp_path / "p", mode="rubric", items=10, raters_per_item=1, seed=2,
                           source_images=run.parent / "sources")
@@ -162,6 +163,7 @@ def test_an_answer_acknowledged_survives_a_killed_process(run, tmp_path):
     assert _rate_until_done(str(store.folder), "Ana") == 2
 
 
+@pytest.mark.slow
 def test_refined_instructions_do_not_tell_the_round(run, tmp_path):
     items = create_review(run, tmp_path / "i", mode="rubric", items=24, raters_per_item=1, seed=0,
                           source_images=run.parent / "sources").items()

@@ -17,6 +17,7 @@ from medbanana.generation.runners.generate import BackendSpec
 KEY = "AIza-test-plumbing-0123456789"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["medbanana.generation.prompts", "medbanana.loaders.trl",
                                     "medbanana.evaluation.judging"])
 def test_prompt_users_do_not_import_the_gemini_client(module):

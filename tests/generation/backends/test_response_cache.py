@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from medbanana.generation.backends.response_cache import ResponseCache
 
 
@@ -65,6 +67,7 @@ for i in range(10**6):
 """
 
 
+@pytest.mark.slow
 def test_a_process_killed_while_appending_leaves_only_whole_answers(tmp_path):
     writers = [subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), os.path.dirname(__file__)],
                                 stdout=subprocess.PIPE, text=True) for _ in range(2)]

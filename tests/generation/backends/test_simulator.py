@@ -67,6 +67,7 @@ def test_registry_builds_all_three_with_no_arguments():
     assert isinstance(backends.create("judge", "simulator"), PixelJudge)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("modality", list(DATASETS))
 def test_every_target_changes_its_region_and_little_else(sources, modality):
     editor = SimulatedEditor(jitter=0)  # no global drift: what changes outside is spill
@@ -220,6 +221,7 @@ def test_remove_on_a_diseased_phantom_clears_the_lesion(sources):
     assert lesion["disease"] == "glioma" and "centre_x" in lesion
 
 
+@pytest.mark.slow
 def test_simulator_copes_with_tiny_and_odd_sources(tmp_path):
     rng = np.random.default_rng(0)
     for size in ((32, 32), (300, 200)):
@@ -234,6 +236,7 @@ def test_simulator_copes_with_tiny_and_odd_sources(tmp_path):
             assert isinstance(verdict.qualified, bool) and verdict.reason
 
 
+@pytest.mark.slow
 def test_demo_sources_follow_the_input_layout(tmp_path):
     records = write_demo_sources(tmp_path, n_normal=1, n_diseased=1, size=256, seed=3)
     targets = TAXONOMY.targets
@@ -256,6 +259,7 @@ def test_demo_sources_follow_the_input_layout(tmp_path):
     assert (again / records[0]["path"]).read_bytes() == first.read_bytes()  # seeded: same files
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SAMPLES.is_dir(), reason=f"real sample images not found at {SHARED_SAMPLES}")
 def test_real_samples_as_sources():
     picks = {"chest_xray": ("Chest-XRay-remove/normal", "Consolidation"),

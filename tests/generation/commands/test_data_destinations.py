@@ -158,6 +158,7 @@ def test_credentialed_sources_to_a_remote_url_are_refused_unless_attested(tmp_pa
     assert (openai["class"], openai["attested"], openai["data_use"]) == ("cloud-no-retention", True, ["credentialed"])
 
 
+@pytest.mark.slow
 def test_credentialed_sources_go_to_a_loopback_server_and_are_recorded_in_run_card_and_eval(tmp_path, monkeypatch,
                                                                                            capsys):
     sources = prepared(tmp_path, "--data-use", "credentialed")
@@ -193,6 +194,7 @@ def test_credentialed_sources_go_to_a_loopback_server_and_are_recorded_in_run_ca
     assert len(err) == 1 and "credentialed images" in err[0] and "(gemini, cloud)" in err[0]
 
 
+@pytest.mark.slow
 def test_unknown_sources_to_the_cloud_get_one_warning_and_go(tmp_path, monkeypatch, capsys):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_plain", per_class=1)  # never prepared: unknown
     with FakeGemini(engine="echo") as fake:
@@ -236,6 +238,7 @@ def test_malformed_destinations_are_one_line_and_send_nothing(tmp_path, monkeypa
 
 # ---------------------------------------------------------------- a run file never chooses a destination
 
+@pytest.mark.slow
 def test_a_crafted_run_naming_another_host_or_model_folder_sends_nothing(tmp_path, monkeypatch, capsys):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_plain", per_class=1)
     run = tmp_path / "run"
@@ -331,6 +334,7 @@ def _records(run: Path) -> list[dict]:
             for r in json.loads((folder / layout.ALL_CONVERSATIONS).read_text()).values()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gemini", "vertex", "openai"])
 def test_a_redirect_to_another_host_is_not_followed(backend, redirect, tmp_path, monkeypatch, capsys):
     first, seen = redirect
@@ -413,6 +417,7 @@ class Oversize(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend,how", [("gemini", "text"), ("gemini", "stream"), ("openai", "text"),
                                          ("openai", "declared")])
 def test_an_oversize_answer_is_a_recorded_failure_not_a_huge_file(backend, how, tmp_path, monkeypatch, capsys):

@@ -75,6 +75,7 @@ def test_prices_rate_limits_and_models_without_a_price(tiny_sources, tmp_path, c
     assert "cannot read it" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_pilot_run_gives_measured_figures_and_the_run_to_resume_leaves_its_tasks_out(tmp_path, capsys,
                                                                                        monkeypatch):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_pilot", per_class=4)

@@ -4,6 +4,8 @@ api_failed (the sources may only be unmounted), or ended for good with --drop-mi
 import json
 from pathlib import Path
 
+import pytest
+
 from medbanana.cli import main
 from medbanana.generation.rundir import layout
 from medbanana.generation.rundir.store import read_journal
@@ -21,6 +23,7 @@ def task_lines(run: Path) -> list[dict]:
     return [e["record"] for e in read_journal(run / layout.JOURNAL) if e["type"] == "task" and e["uid"] == UID]
 
 
+@pytest.mark.slow
 def test_a_deleted_source_is_named_then_dropped_on_request_and_not_again(tmp_path, capsys):
     normal = tmp_path / "sources" / "MIMIC_small" / "normal"
     write_jpeg(normal / "small.jpeg", 1, size=32)

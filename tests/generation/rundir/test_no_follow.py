@@ -106,6 +106,7 @@ def test_a_lock_file_that_is_a_link_is_refused_in_one_line(tmp_path, outside, so
     assert (run / LOCK_NAME).is_symlink()  # left as it was: the user decides
 
 
+@pytest.mark.slow
 def test_build_refuses_a_link_at_the_lock_beside_its_output(tmp_path, outside, sources, capsys):
     run = tmp_path / "run"
     assert _generate(sources, run) == 0
@@ -117,6 +118,7 @@ def test_build_refuses_a_link_at_the_lock_beside_its_output(tmp_path, outside, s
     assert not dataset.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["missing.txt", "existing.txt"])
 def test_a_journal_that_is_a_link_is_refused_in_one_line_and_not_appended_to(tmp_path, outside, sources, capsys,
                                                                               target):
@@ -143,6 +145,7 @@ def test_prepare_refuses_a_link_at_its_manifest(tmp_path, outside, capsys):
 
 # ---------------------------------------------------------------- the run's files and the caches
 
+@pytest.mark.slow
 def test_a_resumed_run_replaces_links_at_its_json_files_instead_of_writing_through_them(tmp_path, outside, sources):
     run = tmp_path / "run"
     assert _generate(sources, run) == 0
@@ -221,6 +224,7 @@ def test_a_run_with_a_folder_linked_out_of_it_is_refused_before_anything_is_writ
     assert not (run / layout.JOURNAL).exists()
 
 
+@pytest.mark.slow
 def test_a_folder_linked_inside_the_run_is_written_through(tmp_path, sources):
     run = tmp_path / "run"
     assert _generate(sources, run) == 0

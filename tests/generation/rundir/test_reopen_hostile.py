@@ -143,6 +143,7 @@ def test_a_hostile_journal_line_is_refused_naming_file_line_and_field_before_any
     assert str(machine) in err
 
 
+@pytest.mark.slow
 def test_an_honest_copy_resumes_and_retries(machine, capsys):
     """The copies the tests spoil are good runs: unspoilt, each way of reopening one works."""
     for mode in MODES:
@@ -193,6 +194,7 @@ def test_a_run_config_field_of_the_wrong_type_is_refused_naming_file_and_field(m
     assert f"{machine / layout.RUN_CONFIG}: field '{field}'" in err and shows in err, err
 
 
+@pytest.mark.slow
 def test_a_retry_of_a_run_that_records_no_sources_folder_asks_for_one(machine, capsys):
     _config(machine, _set("sources_root", None))
     before = snapshot(machine.parents[2])

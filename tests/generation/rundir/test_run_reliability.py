@@ -136,6 +136,7 @@ def test_a_second_writer_is_refused_at_once_and_let_in_after_the_first_is_killed
     _assert_consistent(out, _tasks(sources))
 
 
+@pytest.mark.slow
 def test_merge_locks_its_output_and_refuses_a_shard_still_being_written(tiny_sources, tmp_path, capsys):
     tasks = scan_sources(tiny_sources)[:2]
     run(tasks, tmp_path / "shard", ScriptedWriter(), ScriptedEditor(), ScriptedJudge(), RunOptions(quiet=True))
@@ -188,6 +189,7 @@ def _generate(*argv) -> int:
                  *map(str, argv)])
 
 
+@pytest.mark.slow
 def test_retry_failed_uses_the_recorded_selection_and_adds_no_task(fake_env, sources, tmp_path, capsys):
     out = tmp_path / "run"
     fake_env.reset(["500:role=judge"])  # every task ends api_failed
@@ -217,6 +219,7 @@ def test_retry_failed_uses_the_recorded_selection_and_adds_no_task(fake_env, sou
     assert _generate("--retry-failed", out, "--diseases", "Pneumothorax", "--sources", sources) == 0  # the same
 
 
+@pytest.mark.slow
 def test_retry_failed_on_a_run_that_recorded_no_limit_retries_only_the_tasks_its_journal_knows(
         fake_env, sources, tmp_path, capsys):
     out = tmp_path / "run"
@@ -239,6 +242,7 @@ def _jpeg(shade: int) -> bytes:
     return encode_jpeg(np.full((16, 16, 3), shade, np.uint8))
 
 
+@pytest.mark.slow
 def test_opening_a_run_removes_what_killed_writes_left_and_continues_a_killed_retry(tiny_sources, tmp_path):
     out = tmp_path / "run"
     tasks = [t for t in scan_sources(tiny_sources) if t.dataset == "MIMIC_tiny" and t.direction == "add"

@@ -29,6 +29,7 @@ def _round_images(run_dir: Path) -> dict[str, tuple[str, int]]:
             if e["type"] == "round" and e["round"].get("image")}
 
 
+@pytest.mark.slow
 def test_a_batch_run_signs_every_image_as_the_local_runner_does(echo_gemini, tmp_path, monkeypatch, capsys):
     use_fake_gemini(monkeypatch, echo_gemini, KEY)
     echo_gemini.reset()

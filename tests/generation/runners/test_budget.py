@@ -50,6 +50,7 @@ def _go_on(err: str) -> list[str]:
     return command[1:]
 
 
+@pytest.mark.slow
 def test_no_paid_call_unless_a_paid_backend_is_named(fake, tmp_path, capfd):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_free", per_class=1)
     assert main(["generate", "--sources", str(sources), "--out", str(tmp_path / "free"), "--limit", "2", "-q"]) == 0
@@ -125,6 +126,7 @@ def test_a_budget_with_a_model_that_has_no_price_is_refused_before_any_call(fake
     assert "gemini-9-ultra-image has none" in err[-1] and "--prices FILE" in err[-1]
 
 
+@pytest.mark.slow
 def test_retry_failed_starts_only_api_failed_tasks_whatever_the_sources_hold_now(fake, tmp_path, capfd):
     sources = mimic_sources(tmp_path / "sources", "MIMIC_retry", per_class=3)
     out = tmp_path / "run"
@@ -151,6 +153,7 @@ def test_retry_failed_starts_only_api_failed_tasks_whatever_the_sources_hold_now
     assert ran == failed and fake.count("judge") == sum(e["type"] == "round" for e in entries[lines_before:])
 
 
+@pytest.mark.slow
 def test_ray_shards_share_what_the_budget_leaves_and_each_keeps_to_its_part(fake, tmp_path):
     from medbanana.generation.backends.settings import GeminiSettings
     from medbanana.generation.runners.generate import BackendSpec

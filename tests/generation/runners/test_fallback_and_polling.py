@@ -55,6 +55,7 @@ def openai_fake():
         yield server
 
 
+@pytest.mark.slow
 def test_judgements_in_flight_when_json_schema_is_refused_are_each_reasked_in_plain_text(openai_fake, tmp_path):
     openai_fake.reset(structured_output=False, latency=LATENCY)
     gray = np.full((64, 64, 3), 90, np.uint8)
@@ -152,6 +153,7 @@ def test_malformed_batch_status_answers_end_in_recorded_errors(gemini_fake, gemi
     assert stats["api_failed"] == 0 and stats["success"] + stats["failed"] == 2
 
 
+@pytest.mark.slow
 def test_a_torn_results_file_is_fetched_again_and_one_torn_every_time_ends_in_recorded_errors(gemini_fake,
                                                                                               gemini_env, tmp_path):
     """Results files (requests over the inline limit) cut short in their last line, as a transfer behind a proxy

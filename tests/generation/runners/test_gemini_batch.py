@@ -76,6 +76,7 @@ def _job_shapes(fake) -> list[tuple[str, int]]:
     return [(fake.role_of(job.items[0][1]), len(job.items)) for job in fake.batches.created()]
 
 
+@pytest.mark.slow
 def test_a_batch_run_makes_the_concurrent_runs_calls_in_one_job_per_step(echo_gemini, sources, tmp_path, env):
     _run(echo_gemini, sources, tmp_path / "concurrent")
     concurrent_calls = Counter(c.role for c in echo_gemini.calls)
@@ -94,6 +95,7 @@ def test_a_batch_run_makes_the_concurrent_runs_calls_in_one_job_per_step(echo_ge
     assert len(jobs) == len(shapes) and {j["state"] for j in jobs.values()} == {"JOB_STATE_SUCCEEDED"}
 
 
+@pytest.mark.slow
 def test_over_the_inline_limit_requests_go_as_an_uploaded_jsonl_file(echo_gemini, sources, tmp_path, env):
     _run(echo_gemini, sources, tmp_path / "inline", batch={})
     _run(echo_gemini, sources, tmp_path / "file", batch={"inline_limit": 1000})

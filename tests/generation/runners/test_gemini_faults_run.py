@@ -110,6 +110,7 @@ REFUSED = [  # editor refusals: a round without image or verdict, the refusal's 
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("faults", RECOVERED, ids=lambda f: f[0])
 def test_transient_faults_are_absorbed(generate, echo_gemini, sources, faults):
     code, run_dir, printed = generate(faults)
@@ -153,6 +154,7 @@ def test_editor_refusals_are_rounds_with_their_kind(generate, sources, faults, k
     _assert_key_absent(run_dir, printed)
 
 
+@pytest.mark.slow
 def test_latency_slows_nothing_down_but_the_clock(generate, echo_gemini, sources):
     code, run_dir, printed = generate([], latency=0.05)
     assert code == 0
@@ -179,6 +181,7 @@ def test_a_source_cut_off_mid_image_is_a_source_error_before_any_call(echo_gemin
     assert echo_gemini.count() == 3  # one round of the whole source's task; nothing was sent for the cut one
 
 
+@pytest.mark.slow
 def test_answers_with_fields_a_newer_api_added_are_read_not_retried(generate, echo_gemini, sources):
     """The SDK's types forbid unknown fields: an API that adds one must not turn every answer into a retry."""
     code, run_dir, printed = generate(["new_fields"])

@@ -110,6 +110,7 @@ def test_hostile_files_are_listed_and_the_good_ones_prepared(hostile_root, tmp_p
     assert (out / MANIFEST).read_text().count("\n") == lines
 
 
+@pytest.mark.slow
 def test_other_adapters_skip_fifos_and_folders_linked_out(tmp_path):
     # ODIR: the spreadsheet names a file that is a link to a FIFO (read only through the prepare stage's check)
     odir = odir_tree(tmp_path / "odir")

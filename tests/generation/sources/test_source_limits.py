@@ -75,6 +75,7 @@ def test_the_issue_png_is_a_source_error_from_its_header_in_little_memory(tmp_pa
     assert stats["error_kinds"] == {"source_error": 2} and stats["api_failed"] == 2
 
 
+@pytest.mark.slow
 def test_generate_max_pixels_is_prepares_option_and_is_honoured(tmp_path):
     parser = build_parser()
     prepare_args = parser.parse_args(["prepare", "folders", "ROOT", "--out", "OUT"])
