@@ -7,9 +7,7 @@ event loop: at most `size` jobs are in the processes at once, so a thousand imag
 objects they already are, not as pickled copies in a pipe, and a job on a task's critical path (`urgent`) goes
 before those queued behind it. Its processes are spawned (a fork of a process with threads and an event loop is not
 safe), start with SIGINT blocked (interrupts.py: Ctrl-C is the parent's) and end when their parent does, even when
-it was killed. A pool for work beside an event loop (`background`) runs its processes at a lower scheduling
-priority (BACKGROUND_NICENESS), so that on a machine whose cores they fill the loop still gets a core at once when
-its calls need one. A pool whose process died (killed, out of memory) is replaced for the next job, at most RESTARTS
+it was killed. A pool whose process died (killed, out of memory) is replaced for the next job, at most RESTARTS
 times; after that `run` raises PoolBroken at once, and the caller does the work another way or goes without it.
 """
 
@@ -35,7 +33,6 @@ MEMINFO = Path("/proc/meminfo")
 # masks and geometry check, eval's SSIM maps), with room for larger images
 PROCESS_MEMORY = 256 * 2**20
 RESTARTS = 3
-BACKGROUND_NICENESS = 10  # added to a background pool's processes' niceness (Unix)
 
 
 def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
@@ -115,13 +112,9 @@ class PoolBroken(RuntimeError):
     closed."""
 
 
-def _start_child(initializer: Callable | None, initargs: tuple, background: bool = False) -> None:
-    """A pool process's first act: Ctrl-C ignored, an exit when its parent ends, a lower priority for a background
-    pool, then the caller's initializer."""
+def _start_child(initializer: Callable | None, initargs: tuple) -> None:
+    """A pool process's first act: Ctrl-C ignored, an exit when its parent ends, then the caller's initializer."""
     ignore_sigint()
-    if background and hasattr(os, "nice"):
-        with contextlib.suppress(OSError):
-            os.nice(BACKGROUND_NICENESS)
     threading.Thread(target=_exit_with_parent, name="medbanana-pool-parent", daemon=True).start()
     if initializer is not None:
         initializer(*initargs)
@@ -144,12 +137,11 @@ def _exit_with_parent() -> None:
 
 class ImagePool:
     """Functions run in `size` spawned processes for an event loop (module docstring); started at the first job.
-    `initializer(*initargs)` runs once in each process; `background`: the processes run at a lower priority."""
+    `initializer(*initargs)` runs once in each process."""
 
-    def __init__(self, size: int, *, initializer: Callable | None = None, initargs: tuple = (),
-                 background: bool = False):
+    def __init__(self, size: int, *, initializer: Callable | None = None, initargs: tuple = ()):
         self.size = max(1, size)
-        self.initializer, self.initargs, self.background = initializer, initargs, background
+        self.initializer, self.initargs = initializer, initargs
         self.restarts = 0
         self._executor: ProcessPoolExecutor | None = None
         self._closed = False
@@ -203,8 +195,7 @@ class ImagePool:
             import multiprocessing
 
             self._executor = ProcessPoolExecutor(self.size, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_start_child,
-                                                 initargs=(self.initializer, self.initargs, self.background))
+                                                 initializer=_start_child, initargs=(self.initializer, self.initargs))
         return self._executor
 
     def _finished(self, finished: asyncio.Future, done: asyncio.Future, executor: ProcessPoolExecutor) -> None:

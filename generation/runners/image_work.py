@@ -9,9 +9,7 @@ queues in the pool, not in front of any task's next call.
 
 The check in a pool process costs a pickle of the two images' bytes and the answer's way back (~1 ms; the
 registered image's bytes only for an edit that was warped back) and keeps its 5-15 ms of numpy and scipy, which
-hold the GIL, away from the loop that handles every call in flight; the pool's processes run at a lower priority
-(pools.BACKGROUND_NICENESS), so that when a burst of images fills the machine's cores the loop still gets one
-(bench/bench_gemini.py, docs/benchmarks.md).
+hold the GIL, away from the loop that handles every call in flight (bench/bench_gemini.py, docs/benchmarks.md).
 A pool that cannot run a job (its processes died RESTARTS times) costs the masks only: the round is stored
 without them (a build recomputes them), and the check runs in a worker thread instead.
 """
@@ -49,7 +47,7 @@ class ImageWork:
     """The checks and masks of a run's rounds in a pool of `size` processes (module docstring), started at once."""
 
     def __init__(self, size: int):
-        self.pool = ImagePool(size, initializer=_imports, background=True)
+        self.pool = ImagePool(size, initializer=_imports)
         self.pool.start()
         self._masks: dict[str, tuple[bytes, asyncio.Task]] = {}  # task uid -> (image, its masks on the way)
 

@@ -70,30 +70,6 @@ def test_jobs_run_in_other_processes_and_an_urgent_one_goes_before_those_queued(
     asyncio.run(scenario())
 
 
-def _niceness() -> int:
-    return os.getpriority(os.PRIO_PROCESS, 0)
-
-
-def test_a_background_pool_runs_below_its_parent_and_the_runs_pool_is_one():
-    """The run's image work yields the CPU to the event loop that handles the calls in flight; eval's pool (the
-    main work of its run) keeps its parent's priority."""
-    async def scenario(background: bool) -> int:
-        pool = pools.ImagePool(1, background=background)
-        try:
-            return await pool.run(_niceness)
-        finally:
-            pool.close()
-
-    ours = _niceness()
-    assert asyncio.run(scenario(False)) == ours
-    assert asyncio.run(scenario(True)) == min(19, ours + pools.BACKGROUND_NICENESS)
-    work = image_work.ImageWork(1)
-    try:
-        assert work.pool.background
-    finally:
-        work.close()
-
-
 def _raise() -> None:
     raise ValueError("the job's own error")
 
