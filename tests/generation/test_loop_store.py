@@ -145,9 +145,10 @@ KILL_SCRIPT = textwrap.dedent("""
     from medbanana.generation.runners.local import run
     from medbanana.generation.runners.session import RunOptions
     from medbanana.generation.sources.scan import scan_sources
-    tasks = scan_sources({sources!r})
-    run(tasks, {out!r}, ScriptedWriter(delay=0.03), ScriptedEditor(), ScriptedJudge(),
-        RunOptions(concurrency=3, quiet=True, materialize_every=0.05))
+    if __name__ == "__main__":  # the run's image pool spawns processes, which import this file
+        tasks = scan_sources({sources!r})
+        run(tasks, {out!r}, ScriptedWriter(delay=0.03), ScriptedEditor(), ScriptedJudge(),
+            RunOptions(concurrency=3, quiet=True, materialize_every=0.05))
 """)
 
 
