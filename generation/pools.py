@@ -5,7 +5,8 @@ numpy and scipy steps that hold the GIL, so in a thread beside an event loop the
 machine) and to the memory available (PROCESS_MEMORY per process). `ImagePool` runs functions in such a pool for an
 event loop: at most `size` jobs are in the processes at once, so a thousand images arriving together wait as the
 objects they already are, not as pickled copies in a pipe, and a job on a task's critical path (`urgent`) goes
-before those queued behind it. Its processes are spawned (a fork of a process with threads and an event loop is not
+before those queued behind it and never waits for one that can: jobs that are not urgent get all the processes but
+one (a pool of one process is shared). Its processes are spawned (a fork of a process with threads and an event loop is not
 safe), start with SIGINT blocked (interrupts.py: Ctrl-C is the parent's) and end when their parent does, even when
 it was killed. A pool whose process died (killed, out of memory) is replaced for the next job, at most RESTARTS
 times; after that `run` raises PoolBroken at once, and the caller does the work another way or goes without it.
@@ -145,7 +146,9 @@ class ImagePool:
         self.restarts = 0
         self._executor: ProcessPoolExecutor | None = None
         self._closed = False
+        self._ending: threading.Thread | None = None  # the executor's shutdown, once closed
         self._running = 0
+        self._background = 0  # of the jobs running, those that are not urgent
         self._waiting: list = []  # heap of (0 urgent | 1, order, function, arguments, future)
         self._order = itertools.count()
 
@@ -172,8 +175,12 @@ class ImagePool:
         return await done
 
     def _fill(self) -> None:
+        # A process is kept for urgent jobs: the others may all run jobs that can wait (a round's masks, 10-20 ms
+        # each), so a job on a task's critical path starts at once instead of behind them
         while self._running < self.size and self._waiting:
-            *_, function, args, done = heapq.heappop(self._waiting)
+            if self._waiting[0][0] and self._background >= max(1, self.size - 1):
+                break
+            urgency, *_, function, args, done = heapq.heappop(self._waiting)
             if done.done():  # its caller was cancelled meanwhile
                 continue
             executor = None
@@ -185,8 +192,10 @@ class ImagePool:
                 self._broken(executor, done, exc)
                 continue
             self._running += 1
+            self._background += urgency
             asyncio.wrap_future(job).add_done_callback(
-                lambda finished, done=done, executor=executor: self._finished(finished, done, executor))
+                lambda finished, done=done, executor=executor, urgency=urgency: self._finished(finished, done,
+                                                                                              executor, urgency))
 
     def _pool(self) -> ProcessPoolExecutor:
         if self._closed or self.restarts > RESTARTS:
@@ -198,8 +207,10 @@ class ImagePool:
                                                  initializer=_start_child, initargs=(self.initializer, self.initargs))
         return self._executor
 
-    def _finished(self, finished: asyncio.Future, done: asyncio.Future, executor: ProcessPoolExecutor) -> None:
+    def _finished(self, finished: asyncio.Future, done: asyncio.Future, executor: ProcessPoolExecutor,
+                  urgency: int) -> None:
         self._running -= 1
+        self._background -= urgency
         if finished.cancelled():
             if not done.done():
                 done.cancel()
@@ -222,13 +233,19 @@ class ImagePool:
         if not done.done():
             done.set_exception(PoolBroken(f"an image pool process died: {error}"))
 
-    def close(self) -> None:
-        """Stop the processes (jobs not started are dropped; their callers get PoolBroken)."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the processes (jobs not started are dropped; their callers get PoolBroken). Without `wait` they
+        exit while the caller goes on (a process takes a few tenths of a second to end), and a later close
+        waits for them."""
         self._closed = True
         for *_, done in self._waiting:
             if not done.done():
                 done.set_exception(PoolBroken("the image pool is closed"))
         self._waiting.clear()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._executor is not None:  # (the executor forgets its processes at its first shutdown: a thread waits)
+            self._ending = threading.Thread(target=self._executor.shutdown, kwargs={"cancel_futures": True},
+                                            name="medbanana-pool-end", daemon=True)
+            self._ending.start()
             self._executor = None
+        if wait and self._ending is not None:
+            self._ending.join()

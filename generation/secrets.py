@@ -154,8 +154,20 @@ def scrub(text: str, secrets=()) -> str:
     """
     if not isinstance(text, str) or not text:
         return text
-    out = text
+    return _scrub(text, *_forms(tuple(held_secrets(secrets))))
+
+
+def all_clean(texts, secrets=()) -> bool:
+    """Whether `scrub` leaves every one of `texts` as it is; the held secrets are looked up once for all of them
+    (an answer holds a few dozen strings, and each look-up reads the environment)."""
     raw, encoded = _forms(tuple(held_secrets(secrets)))
+    return all(_scrub(text, raw, encoded) is text for text in texts)
+
+
+def _scrub(text: str, raw: tuple[str, ...], encoded: tuple[str, ...]) -> str:
+    if not isinstance(text, str) or not text:
+        return text
+    out = text
     for forms in (raw, encoded):  # the values first: an encoded form may lie inside a value's text
         for form in forms:
             if form in out:

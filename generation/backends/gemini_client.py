@@ -9,12 +9,17 @@ which medbanana depends on), else httpx. Retries are http.Transport's, so the cl
 public options: `HttpRetryOptions(attempts=1)`; without retry options the SDK would instead retry a refused or
 dropped connection once by itself, after sleeping 1 to 10 s, under our per-call timeout. Every answer passes
 guard.py (no redirect to another host, a size limit) through the public `HttpOptions(async_client_args=...)`.
+On the Gemini API with no proxy and no netrc file in the environment, the client gets its aiohttp session through
+the public `HttpOptions(aiohttp_client=...)`: the SDK's own, less its look-ups of them on every request
+(`plain_session`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
+from urllib.request import getproxies
 
 import google.auth
 from google.auth import exceptions as auth_errors
@@ -25,6 +30,7 @@ from .guard import aiohttp_middlewares, httpx_event_hooks
 from ..failures import UsageError
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+READ_BUFFER_SIZE = 2**22  # what the SDK's own aiohttp session reads at once (answers carry megabytes of base64)
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"  # the scope the SDK asks ADC for
 
 
@@ -83,6 +89,31 @@ class VertexTarget:
             raise UsageError(f"Vertex AI needs Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or "
                              f"`gcloud auth application-default login`): {' '.join(str(exc).split())}") from None
         return replace(self, credentials=credentials)
+
+
+def environment_routes_requests() -> bool:
+    """Whether aiohttp's `trust_env`, which the SDK's own session sets, would find anything for a request: a proxy
+    in the environment (what urllib's `getproxies` reads: HTTP(S)_PROXY, ALL_PROXY, ...) or a netrc file (NETRC,
+    else ~/.netrc: credentials it would send)."""
+    if any(scheme != "no" for scheme in getproxies()):  # "no": NO_PROXY's exceptions, with no proxy to except from
+        return True
+    try:
+        netrc = Path(os.environ["NETRC"]) if "NETRC" in os.environ else Path.home() / (
+            "_netrc" if os.name == "nt" else ".netrc")
+    except RuntimeError:  # no home folder: aiohttp finds no file either
+        return False
+    return netrc.exists()
+
+
+def plain_session():
+    """The aiohttp session of a Gemini API client in a plain environment (`environment_routes_requests` false),
+    made in the running event loop: the SDK's own session but with `trust_env` off. With it on, aiohttp looks the
+    proxy and netrc up again on a worker thread for every request: two thread hops, which cost ~5 ms a call on a
+    busy event loop (docs/benchmarks.md); here there is nothing for them to find."""
+    import aiohttp
+
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=False,
+                                 read_bufsize=READ_BUFFER_SIZE)
 
 
 def client_options(api_key: str | None, base_url: str | None, vertex: VertexTarget | None,

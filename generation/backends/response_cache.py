@@ -45,6 +45,7 @@ class ResponseCache:
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self._index: dict[str, _Entry] | None = None  # read at first use: a cache that is never asked costs nothing
+        self._legacy = False  # whether the directory holds an earlier layout's files (read with the index)
         self._log: Path | None = None
         self._fd: int | None = None
         self._lock = threading.Lock()
@@ -68,6 +69,8 @@ class ResponseCache:
     def read_bytes(self, key: str) -> bytes | None:
         """The stored bytes, None when there are none."""
         entry = self._entries().get(key)
+        if entry is None and not self._legacy:  # (a miss on every new call: no file to look for)
+            return None
         try:
             if entry is None:
                 with os.fdopen(open_owned(self._legacy_path(key)), "rb") as fh:
@@ -134,6 +137,8 @@ class ResponseCache:
                     if key not in index or entry.stamp >= index[key].stamp:
                         index[key] = entry
             self._index = index
+            # an earlier layout's answers, one file each in folders named by the key's first two characters
+            self._legacy = any(folder.is_dir() for folder in self.directory.glob("??"))
         return self._index
 
     def close(self) -> None:

@@ -43,12 +43,19 @@ def _imports() -> None:
     from .. import masks  # noqa: F401
 
 
-class ImageWork:
-    """The checks and masks of a run's rounds in a pool of `size` processes (module docstring), started at once."""
+# Seconds into a run at which the pool's processes start, unless a job comes first: each takes a CPU for most of a
+# second (numpy, scipy and the rest imported), which the run's first hundred requests need more
+# (bench/bench_gemini.py --case short: 0.87-0.89 of the ideal started at once, 0.91 after half a second)
+START_AFTER = 0.5
 
-    def __init__(self, size: int):
+
+class ImageWork:
+    """The checks and masks of a run's rounds in a pool of `size` processes (module docstring), started
+    START_AFTER seconds after this is made in the run's event loop, or at the first job if sooner."""
+
+    def __init__(self, size: int, start_after: float = START_AFTER):
         self.pool = ImagePool(size, initializer=_imports)
-        self.pool.start()
+        self._start = asyncio.get_running_loop().call_later(start_after, self.pool.start)
         self._masks: dict[str, tuple[bytes, asyncio.Task]] = {}  # task uid -> (image, its masks on the way)
 
     async def check(self, step: CheckGeometry) -> GeometryCheck:
@@ -88,8 +95,9 @@ class ImageWork:
         except Exception:  # noqa: BLE001 - PoolBroken, or anything else: a mask never fails the round it belongs to
             return None, None
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        self._start.cancel()
         for _, started in self._masks.values():
             started.cancel()
         self._masks.clear()
-        self.pool.close()
+        self.pool.close(wait)

@@ -20,7 +20,7 @@ from ..outcomes import ApiFailure, FailureKind, TaskOutcome, TaskStatus
 from ..pools import pool_size
 from .budget import BudgetReached, metered
 from .image_work import ImageWork
-from .session import RunOptions, RunSession, RunSummary
+from .session import RunOptions, RunSession, RunSummary, open_clients
 from ..failures import UsageError
 
 
@@ -41,11 +41,22 @@ def read_source(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> SourceImage
     return source
 
 
-class _SourceCache:
+class SourceCache:
     """Add tasks cross one source with every disease; keep a few checked sources instead of re-reading them."""
 
     def __init__(self, max_pixels: int = DEFAULT_MAX_PIXELS, size: int = 32):
         self.max_pixels, self.size, self.items = max_pixels, size, OrderedDict()
+        self._reading: dict[Path, asyncio.Future] = {}
+
+    async def read(self, path: Path) -> SourceImage:
+        """The checked source, read on a worker thread once however many tasks ask for it at the same time (a
+        run's first hundred tasks start together, eleven to a source)."""
+        if (source := self.cached(path)) is not None:
+            return source
+        if (reading := self._reading.get(path)) is None:
+            reading = self._reading[path] = asyncio.ensure_future(asyncio.to_thread(self.get, path))
+            reading.add_done_callback(lambda _: self._reading.pop(path, None))
+        return await asyncio.shield(reading)  # one task cancelled does not cancel the others' read
 
     def cached(self, path: Path) -> SourceImage | None:
         """The source when it was read already, without I/O (so on the event loop); None otherwise."""
@@ -70,13 +81,13 @@ def source_error(task: Task, exc: Exception) -> TaskOutcome:
                                                                    FailureKind.SOURCE_ERROR))
 
 
-async def run_one_task(task: Task, sources: _SourceCache, backends: tuple[InstructionWriter, Editor, Judge],
+async def run_one_task(task: Task, sources: SourceCache, backends: tuple[InstructionWriter, Editor, Judge],
                        options: RunOptions, accept: Acceptance, history: list[Attempt],
                        on_round: OnRound, work: ImageWork) -> TaskOutcome:
     """One task from its journalled `history` to an outcome; whatever goes wrong becomes the outcome's record.
     `work` checks each edit's geometry and makes its masks (`on_round` gets them from there)."""
-    try:  # a source read and checked for an earlier task is taken as it is; reading one is a worker thread's job
-        source = sources.cached(task.source_path) or await asyncio.to_thread(sources.get, task.source_path)
+    try:
+        source = await sources.read(task.source_path)
     except (OSError, ValueError) as exc:
         return source_error(task, exc)
     writer, editor, judge = backends
@@ -93,11 +104,12 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
     options = options or RunOptions()
     accept = acceptance_policy(options.accept)
     with RunSession(tasks, run_dir, options, config, on_open) as session:
-        store, sources = session.store, _SourceCache(options.max_pixels)
+        store, sources = session.store, SourceCache(options.max_pixels)
         queue: asyncio.Queue[Task] = asyncio.Queue()
         for task in session.todo:
             queue.put_nowait(task)
 
+        await open_clients(writer, editor, judge)  # before the pool's processes start, which take the CPUs a while
         work = ImageWork(pool_size())
 
         async def store_round(task: Task, attempt: Attempt, image) -> None:
@@ -131,9 +143,12 @@ async def run_tasks(tasks: list[Task], run_dir: Path, writer: InstructionWriter,
         try:
             await asyncio.gather(*(worker() for _ in range(max(1, options.concurrency))))
         finally:
-            work.close()
+            work.close(wait=False)  # the pool's processes end while the run's files are written
             await session.close_clients(writer, editor, judge)
-        return session.end()
+        try:
+            return session.end()
+        finally:
+            work.close()
 
 
 def run(tasks, run_dir, writer, editor, judge, options=None, config=None, on_open=None) -> RunSummary:

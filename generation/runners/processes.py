@@ -34,8 +34,8 @@ from ..records import Attempt, EditedImage, Task
 from ..rundir import mask_files
 from .budget import BudgetReached, Ledger, SharedState, metered
 from .image_work import ImageWork
-from .local import _SourceCache, run_one_task
-from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients
+from .local import SourceCache, run_one_task
+from .session import RunOptions, RunSession, RunSummary, call_counts, close_clients, open_clients
 
 
 
@@ -136,7 +136,7 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
     ledger = Ledger(options.pricing, spend) if options.pricing is not None and spend is not None else None
     backends = metered(built, ledger)
     accept = acceptance_policy(options.accept)
-    sources = _SourceCache(options.max_pixels)
+    sources = SourceCache(options.max_pixels)
     inbox: asyncio.Queue = asyncio.Queue()
     threading.Thread(target=_receive, args=(tasks, inbox, asyncio.get_running_loop()),
                      name="medbanana-worker-inbox", daemon=True).start()
@@ -147,6 +147,7 @@ async def _serve(spec, out: Path, options: RunOptions, slots: int, share: int, t
     outbox: queue.SimpleQueue = queue.SimpleQueue()
     sender = threading.Thread(target=_send_all, args=(outbox, results), name="medbanana-worker-outbox", daemon=True)
     sender.start()
+    await open_clients(*built)  # before the pool's processes start (local.py)
     work = ImageWork(pool_size(share))
 
     async def send_round(task: Task, attempt: Attempt, image: EditedImage | None) -> None:

@@ -71,6 +71,46 @@ def test_jobs_run_in_other_processes_and_an_urgent_one_goes_before_those_queued(
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
+def test_a_process_is_kept_for_urgent_jobs_while_others_run_the_rest():
+    async def scenario():
+        pool = pools.ImagePool(2)
+        try:
+            await asyncio.gather(pool.run(os.getpid), pool.run(os.getpid))
+            queued = [asyncio.ensure_future(pool.run(_stamp, 0.4)) for _ in range(4)]
+            await asyncio.sleep(0.1)  # one runs, three wait: the second process stays free
+            urgent = asyncio.ensure_future(pool.run(_stamp, 0.0, urgent=True))
+            ends = await asyncio.gather(*queued)
+            ended = await urgent
+        finally:
+            pool.close()
+        assert ended < min(ends)  # not behind a job that can wait
+        assert ends == sorted(ends) and ends[-1] - ends[0] >= 3 * 0.4 - 0.05  # the rest one after the other
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_pool_closed_without_waiting_ends_its_processes_by_the_next_close():
+    async def scenario():
+        pool = pools.ImagePool(2)
+        pids = set(await asyncio.gather(*(pool.run(_pid_after, 0.2) for _ in range(2))))
+        pool.close(wait=False)
+        with pytest.raises(pools.PoolBroken, match="closed"):
+            await pool.run(os.getpid)
+        pool.close()
+        return pids
+
+    for pid in asyncio.run(scenario()):
+        with pytest.raises(ProcessLookupError):  # ended and reaped: not even a zombie is left
+            os.kill(pid, 0)
+
+
+def _pid_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
 def _raise() -> None:
     raise ValueError("the job's own error")
 

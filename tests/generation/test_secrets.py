@@ -57,6 +57,16 @@ def test_scrub_removes_held_values_and_header_forms(monkeypatch):
     assert scrub(clean) == clean  # idempotent: scrubbing twice changes nothing
 
 
+def test_all_clean_says_whether_scrub_would_change_any_text(monkeypatch):
+    key = f"AIza-unit-{uuid.uuid4().hex}"
+    monkeypatch.setenv("GEMINI_API_KEY", key)
+    clean = ["Add a small pneumothorax at the right apex.", "gemini-2.5-pro", ""]
+    assert secrets.all_clean(clean)
+    for dirty in (f"echo {key}", "Authorization: Bearer tok-123", base64.b64encode(key.encode()).decode()):
+        assert scrub(dirty) is not dirty and not secrets.all_clean([*clean, dirty])
+    assert not secrets.all_clean(clean, secrets=["gemini-2.5-pro"])  # an extra secret, as scrub takes one
+
+
 def test_scrub_keeps_json_valid_images_untouched_and_clean_text_identical(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "abc")  # too short to be a key: ordinary words must survive
     answer = json.dumps({"reason": "echo: " + json.dumps({"Authorization": "Bearer tok-123", "n": "abc"})})
