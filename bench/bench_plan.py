@@ -8,7 +8,8 @@ the fake server counted them) and USD (its medbanana-stats.json), whether the ac
 expected value's error. The issue's targets: the actual in the 90 % interval in at least 9 of 10 seeds, and the
 expected value within 10 % for runs of 200 tasks or more from a 10 % pilot. The summary's "bias" is the mean
 expected USD over the mean actual USD, less one: the error on average over the seeds, where "|err|<=10%" counts the
-runs whose own estimate was that close.
+runs whose own estimate was that close; "9 of 10" takes the seeds ten at a time and counts the tens that met the
+first target.
 
     PYTHONPATH=.pp python bench/bench_plan.py                       # 200 and 1000 tasks, rates .3 .6 .9, 10 seeds
     PYTHONPATH=.pp python bench/bench_plan.py --sizes 200 --seeds 3  # a quick look
@@ -123,7 +124,7 @@ def report(rows: list[dict], rate: float) -> None:
 def summary(rows: list[dict]) -> None:
     print("\nsummary: per acceptance rate, tasks and pilot size, over the seeds")
     print(f"{'rate':>4} {'tasks':>5} {'pilot':>5} {'seeds':>5}  {'calls in 90%':>12} {'USD in 90%':>10}  "
-          f"{'mean |err|':>10} {'max |err|':>9}  {'|err|<=10%':>10}  {'bias':>6}")
+          f"{'mean |err|':>10} {'max |err|':>9}  {'|err|<=10%':>10}  {'bias':>6}  {'9 of 10':>7}")
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["rate"], row["tasks"], row["fraction"]), []).append(row)
@@ -133,7 +134,16 @@ def summary(rows: list[dict]) -> None:
         usd_in = sum(inside(r["usd"], r["actual_usd"]) for r in group)
         print(f"{rate:>4.1f} {tasks:>5} {fraction:>5.0%} {len(group):>5}  {calls_in:>7}/{len(group):<4} "
               f"{usd_in:>5}/{len(group):<4}  {statistics.mean(errors):>10.1%} {max(errors):>9.1%}  "
-              f"{sum(e <= 0.10 for e in errors):>5}/{len(group)}  {bias(group):>+6.1%}")
+              f"{sum(e <= 0.10 for e in errors):>5}/{len(group)}  {bias(group):>+6.1%}  {nine_of_ten(group):>7}")
+
+
+def nine_of_ten(group: list[dict]) -> str:
+    """Of the seeds taken ten at a time in order, how many tens had the actual calls inside the interval 9 or 10
+    times (the issue's target, asked of one set of ten seeds); '-' with fewer than 10 seeds."""
+    ordered = sorted(group, key=lambda r: r["seed"])
+    tens = [ordered[i:i + 10] for i in range(0, len(ordered) - 9, 10)]
+    met = sum(sum(inside(r["calls"], r["actual_calls"]) for r in ten) >= 9 for ten in tens)
+    return f"{met}/{len(tens)}" if tens else "-"
 
 
 def bias(group: list[dict]) -> float:

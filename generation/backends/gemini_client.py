@@ -16,6 +16,7 @@ the public `HttpOptions(aiohttp_client=...)`: the SDK's own, less its look-ups o
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from urllib.request import getproxies
 
 import google.auth
 from google.auth import exceptions as auth_errors
+from google import genai
 from google.genai import types
 
 from ..destinations import VERTEX_VARIABLE
@@ -136,3 +138,45 @@ def client_options(api_key: str | None, base_url: str | None, vertex: VertexTarg
         return {"vertexai": True, "api_key": api_key, "http_options": http_options}
     return {"vertexai": True, "project": vertex.resolved_project, "location": vertex.resolved_location,
             "credentials": vertex.credentials, "http_options": http_options}
+
+
+class Clients:
+    """The google-genai client a transport calls through. On the Gemini API in a plain environment (`plain`), one
+    per event loop, made at its first use there with a `plain_session`, and closed in that loop: by `aclose`, or
+    by asyncio.run as the loop ends. Otherwise the SDK's own client, made now (with its sessions, one per loop)."""
+
+    def __init__(self, options: dict, *, plain: bool):
+        self.options, self.plain = options, plain
+        self._client = None if plain else genai.Client(**options)
+        self._loop = self._open = None  # (plain) the loop of the client made, and what closes it there
+
+    async def client(self) -> genai.Client:
+        if not self.plain:
+            return self._client
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            session = plain_session()
+            http_options = self.options["http_options"].model_copy(update={"aiohttp_client": session})
+            self._loop, self._client = loop, genai.Client(**{**self.options, "http_options": http_options})
+            self._open = _open_until_closed(self._client, session)
+            await anext(self._open)
+        return self._client
+
+    async def aclose(self) -> None:
+        if not self.plain:
+            await self._client.aio.aclose()
+        elif self._open is not None and self._loop is asyncio.get_running_loop():  # another loop's closed with it
+            await self._open.aclose()
+        if self.plain:  # the next call, in this loop or another, makes a new client
+            self._client = self._loop = self._open = None
+
+
+async def _open_until_closed(client: genai.Client, session):
+    """Suspended while `client` and its aiohttp session are in use; closes both in their event loop when closed:
+    by Clients.aclose, or by asyncio.run, which closes every async generator before it closes its loop (a session
+    left open would be reported as unclosed when collected)."""
+    try:
+        yield
+    finally:
+        await client.aio.aclose()
+        await session.close()

@@ -15,7 +15,6 @@ the inline limit, as an uploaded JSONL file; `get_batch` polls; `batch_results` 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -29,7 +28,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import ValidationError
 
-from .gemini_client import VertexTarget, client_options, environment_routes_requests, plain_session, resolve_api_key
+from .gemini_client import Clients, VertexTarget, client_options, environment_routes_requests, resolve_api_key
 from .gemini_wire import InlineData, encode, part_for_key, rest_contents
 from .guard import MAX_ANSWER_BYTES, AnswerRefused, check_text, strings_in
 from .http import CallFailure, RateLimiter, Transport, classify_common, failure_for_status, parse_retry_after
@@ -254,27 +253,15 @@ class GeminiTransport(Transport):
         self._secret = resolve_api_key(api_key, required=vertex is None)  # Vertex AI: client_options decides
         hold(self._secret, *url_credentials(base_url))  # not in the environment: scrub must know them
         super().__init__(secrets=tuple(filter(None, (self._secret,))), **options)
-        self._options = client_options(self._secret, base_url, vertex, self.timeout)
-        # The Gemini API in a plain environment: a client per event loop, made at its first call there with its
-        # own session (gemini_client.plain_session); otherwise the SDK's client, made now, with its sessions
-        self._plain = vertex is None and not environment_routes_requests()
-        self._client = None if self._plain else genai.Client(**self._options)
-        self._session, self._loop = None, None
+        self._clients = Clients(client_options(self._secret, base_url, vertex, self.timeout),
+                                plain=vertex is None and not environment_routes_requests())
         self.inline = InlineData()  # sha256 of the images in flight (the cache key), made once each
         self.vertex = vertex
         self._token = None  # the Vertex AI access token last held
         self._hold_token()
 
-    def _genai(self) -> genai.Client:
-        """The google-genai client for the running event loop."""
-        if not self._plain:
-            return self._client
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self._loop, self._session = loop, plain_session()
-            http_options = self._options["http_options"].model_copy(update={"aiohttp_client": self._session})
-            self._client = genai.Client(**{**self._options, "http_options": http_options})
-        return self._client
+    async def _genai(self) -> genai.Client:
+        return await self._clients.client()
 
     def _hold_token(self) -> None:
         """Hold the credentials' current access token as a secret: the SDK fetches a new one (refresh) inside a
@@ -311,7 +298,8 @@ class GeminiTransport(Transport):
         the HTTP body unconverted, which is parsed once here and cached as it came."""
         config = config.model_copy(update={"should_return_http_response": True})
         try:
-            answer = await self._genai().aio.models.generate_content(model=model, contents=contents, config=config)
+            client = await self._genai()
+            answer = await client.aio.models.generate_content(model=model, contents=contents, config=config)
         finally:  # before anything scrubs the answer or the error: it may quote a token fetched for this call
             self._hold_token()
         body = (answer.sdk_http_response.body if answer.sdk_http_response else None) or ""
@@ -330,17 +318,11 @@ class GeminiTransport(Transport):
 
     async def aopen(self) -> None:
         """Make the client of the running event loop now rather than at its first call (optional)."""
-        self._genai()
+        await self._genai()
 
     async def aclose(self) -> None:
         """Close the client's connection pools (call once at the end of a run, inside its event loop)."""
-        if not self._plain:
-            await self._client.aio.aclose()
-        elif self._client is not None and self._loop is asyncio.get_running_loop():  # else nothing of this loop's
-            await self._client.aio.aclose()
-            await self._session.close()
-        if self._plain:  # the next call, in this loop or another, makes a new client
-            self._client = self._session = self._loop = None
+        await self._clients.aclose()
         if self.cache:
             self.cache.close()
 
@@ -362,16 +344,19 @@ class GeminiTransport(Transport):
                 for key, request in items:
                     fh.write(encode({"key": key, "request": rest_request(request, self.inline)}) + b"\n")
             upload = types.UploadFileConfig(mime_type="jsonl", display_name=display_name)
-            uploaded = await self.call(f"upload of {path.name}", lambda: self._genai().aio.files.upload(
+            client = await self._genai()
+            uploaded = await self.call(f"upload of {path.name}", lambda: client.aio.files.upload(
                 file=path, config=upload), timeout=max(self.timeout, TRANSFER_TIMEOUT))
             path.unlink()
             src = uploaded.name
-        job = await self.call(f"{model} batch", lambda: self._genai().aio.batches.create(
+        client = await self._genai()
+        job = await self.call(f"{model} batch", lambda: client.aio.batches.create(
             model=model, src=src, config=types.CreateBatchJobConfig(display_name=display_name)))
         return job.name
 
     async def get_batch(self, name: str) -> types.BatchJob:
-        return await self.call(name, lambda: self._genai().aio.batches.get(name=name))
+        client = await self._genai()
+        return await self.call(name, lambda: client.aio.batches.get(name=name))
 
     async def batch_results(self, job: types.BatchJob, work_dir: Path) -> Iterator[tuple[str, BatchItem]]:
         """(key, response or CallFailure) for each request of a succeeded job; a results file is downloaded
@@ -386,8 +371,9 @@ class GeminiTransport(Transport):
             raise self.error(CallFailure("bad_response", f"{job.name} succeeded without results", False), job.name)
         path = Path(work_dir) / f"{job.name.replace('/', '-')}.results.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
+        client = await self._genai()
         try:
-            await self.call(f"download of {dest.file_name}", lambda: self._genai().aio.files.download(
+            await self.call(f"download of {dest.file_name}", lambda: client.aio.files.download(
                 file=dest.file_name, destination=path), timeout=max(self.timeout, TRANSFER_TIMEOUT))
         except BaseException:  # an APIError, or a cancelled run (Ctrl-C) mid-download
             path.unlink(missing_ok=True)

@@ -5,6 +5,8 @@ SDK's own, which honours it. Checked with a real forwarding proxy on 127.0.0.1 i
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -66,8 +68,9 @@ def proxy():
     server.server_close()
 
 
-def _write_twice(base_url: str, folder) -> list[str]:
-    """An instruction asked in two event loops one after the other (a transport outlives a run's loop)."""
+def _write_twice(base_url: str, folder, close: bool = True) -> list[str]:
+    """An instruction asked in two event loops one after the other (a transport outlives a run's loop); the
+    transport closed at the end of the second, or never."""
     source = chest_source(folder, size=64)
     task = Task("cxr_demo", "chest_xray", "Pleural_Effusion", "add", source.path)
     writer = GeminiWriter(api_key="test-key-session-3e1f", base_url=base_url, timeout=5.0, max_attempts=1)
@@ -78,7 +81,7 @@ def _write_twice(base_url: str, folder) -> list[str]:
             await writer.transport.aclose()
         return text
 
-    return [asyncio.run(once(close=False)), asyncio.run(once(close=True))]
+    return [asyncio.run(once(close=False)), asyncio.run(once(close=close))]
 
 
 def test_a_proxy_in_the_environment_carries_every_call(plain_environment, proxy, tmp_path):
@@ -111,3 +114,11 @@ def test_what_counts_as_an_environment_that_routes_requests(plain_environment, t
     netrc.write_text("machine generativelanguage.googleapis.com login me password pw\n")
     plain_environment.setenv("NETRC", str(netrc))  # aiohttp's trust_env would send these credentials
     assert environment_routes_requests()
+
+
+def test_a_client_never_closed_is_closed_with_its_event_loop(plain_environment, tmp_path, caplog):
+    caplog.set_level(logging.ERROR)
+    with FakeGemini() as fake:
+        texts = _write_twice(fake.base_url, tmp_path, close=False)
+    gc.collect()  # an aiohttp session or connector collected open says so (asyncio's logger)
+    assert all(texts) and not [r.getMessage() for r in caplog.records if "nclosed" in r.getMessage()]
