@@ -1,14 +1,14 @@
-"""Process pools for per-image CPU work (a round's masks and geometry check, `eval`'s pixel metrics): many small
-numpy and scipy steps that hold the GIL, so in a thread beside an event loop they delay every call it handles.
+"""Process pools for per-image CPU work (a round's masks and geometry check, `eval`'s pixel metrics): many small numpy
+and scipy steps that hold the GIL, so in a thread beside an event loop they delay every call it handles.
 
 `pool_size` sizes a pool to the CPUs this process may use (its share of them when `--workers` processes split the
 machine) and to the memory available (PROCESS_MEMORY per process). `ImagePool` runs functions in such a pool for an
 event loop: at most `size` jobs are in the processes at once, so a thousand images arriving together wait as the
 objects they already are, not as pickled copies in a pipe, and a job on a task's critical path (`urgent`) goes
 before those queued behind it and never waits for one that can: jobs that are not urgent get all the processes but
-one (a pool of one process is shared). Its processes are spawned (a fork of a process with threads and an event loop is not
-safe), start with SIGINT blocked (interrupts.py: Ctrl-C is the parent's) and end when their parent does, even when
-it was killed. A pool whose process died (killed, out of memory) is replaced for the next job, at most RESTARTS
+one (a pool of one process is shared). Its processes are spawned (a fork of a process with threads and an event loop
+is not safe), start with SIGINT blocked (interrupts.py: Ctrl-C is the parent's) and end when their parent does, even
+when it was killed. A pool whose process died (killed, out of memory) is replaced for the next job, at most RESTARTS
 times; after that `run` raises PoolBroken at once, and the caller does the work another way or goes without it.
 """
 
