@@ -56,7 +56,7 @@ class ResponseCache:
 
     def __contains__(self, key: str) -> bool:
         entry = self._entries().get(key)
-        return entry.length >= 0 if entry is not None else self._legacy_path(key).exists()
+        return entry.length >= 0 if entry is not None else self._legacy and self._legacy_path(key).exists()
 
     def read(self, key: str) -> str | None:
         """The stored text, None when there is none (or it is not text: asked again and replaced)."""
