@@ -254,7 +254,7 @@ class _Source:
         self.data = data
         self.rgb, self.size = decode_reduced(data, WORK_SIDE)
         self._references: dict[tuple[int, int], Reference] = {}
-        self._regions: dict[tuple, dict | None] = {}
+        self._regions: dict[tuple[str, str], dict | None] = {}  # (modality, taxonomy region) -> its mask
         self._anatomy: dict[str, object] = {}
 
     def reference(self, wh: tuple[int, int]) -> Reference:
@@ -269,7 +269,11 @@ class _Source:
         return self._anatomy[modality]
 
     def region(self, modality: str | None, disease: str) -> dict | None:
-        key = (modality, disease)
+        try:  # keyed by the region itself: findings in the same place (3 of chest X-ray's 11) share its mask
+            label = load_taxonomy().target(disease, modality)
+        except ValueError:  # not an edit target: no mask
+            return None
+        key = (label.modality, label.region)
         if key not in self._regions:
             try:
                 self._regions[key] = png_value(_region_grid(modality, disease, self.anatomy)[0], self.size)

@@ -5,11 +5,13 @@ and scipy steps that hold the GIL, so in a thread beside an event loop they dela
 machine) and to the memory available (PROCESS_MEMORY per process). `ImagePool` runs functions in such a pool for an
 event loop: at most `size` jobs are in the processes at once, so a thousand images arriving together wait as the
 objects they already are, not as pickled copies in a pipe, and a job on a task's critical path (`urgent`) goes
-before those queued behind it and never waits for one that can: jobs that are not urgent get all the processes but
-one (a pool of one process is shared). Its processes are spawned (a fork of a process with threads and an event loop
-is not safe), start with SIGINT blocked (interrupts.py: Ctrl-C is the parent's) and end when their parent does, even
-when it was killed. A pool whose process died (killed, out of memory) is replaced for the next job, at most RESTARTS
-times; after that `run` raises PoolBroken at once, and the caller does the work another way or goes without it.
+before those queued behind it. While urgent jobs come (one in the last URGENT_WINDOW seconds) one never waits for a
+job that can: the others get all the processes but one (a pool of one process is shared). Once they stop coming the
+others get every process, and the next urgent job may wait for one of them to end (10-30 ms). Its processes are
+spawned (a fork of a process with threads and an event loop is not safe), start with SIGINT blocked (interrupts.py:
+Ctrl-C is the parent's) and end when their parent does, even when it was killed. A pool whose process died (killed,
+out of memory) is replaced for the next job, at most RESTARTS times; after that `run` raises PoolBroken at once, and
+the caller does the work another way or goes without it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ MEMINFO = Path("/proc/meminfo")
 # masks and geometry check, eval's SSIM maps), with room for larger images
 PROCESS_MEMORY = 256 * 2**20
 RESTARTS = 3
+# Seconds a process stays kept for urgent jobs after one came. While a run's geometry checks come (one every 35 ms at
+# 0.2 s per call and 20 in flight) a check never waits behind masks; once a burst of them is over (a wave of 100
+# edits answered together) the masks behind it get every process, and are made before their rounds are stored:
+# kept for good, one process made a wave's 100 masks in 2-3 s and held the rounds up to a second after their judge
+# answered (bench_gemini.py --case short, docs/benchmarks.md)
+URGENT_WINDOW = 0.25
 
 
 def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
@@ -149,6 +157,8 @@ class ImagePool:
         self._ending: threading.Thread | None = None  # the executor's shutdown, once closed
         self._running = 0
         self._background = 0  # of the jobs running, those that are not urgent
+        self._urgent_at = float("-inf")  # the event loop's time when the latest urgent job came
+        self._refill: asyncio.TimerHandle | None = None  # a _fill when the kept process is free for all
         self._waiting: list = []  # heap of (0 urgent | 1, order, function, arguments, future)
         self._order = itertools.count()
 
@@ -169,16 +179,23 @@ class ImagePool:
         if self._closed or self.restarts > RESTARTS:
             raise PoolBroken("the image pool is closed" if self._closed else
                              f"the image pool's processes died {self.restarts} times")
-        done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        if urgent:
+            self._urgent_at = loop.time()
         heapq.heappush(self._waiting, (0 if urgent else 1, next(self._order), function, args, done))
         self._fill()
         return await done
 
     def _fill(self) -> None:
-        # A process is kept for urgent jobs: the others may all run jobs that can wait (a round's masks, 10-20 ms
-        # each), so a job on a task's critical path starts at once instead of behind them
+        # While urgent jobs come, a process is kept for them: the others may all run jobs that can wait (a round's
+        # masks, 10-30 ms each), so a job on a task's critical path starts at once instead of behind them
+        loop = asyncio.get_running_loop()
+        kept_until = self._urgent_at + URGENT_WINDOW
         while self._running < self.size and self._waiting:
-            if self._waiting[0][0] and self._background >= max(1, self.size - 1):
+            if self._waiting[0][0] and loop.time() < kept_until and self._background >= max(1, self.size - 1):
+                if self._refill is None:
+                    self._refill = loop.call_at(kept_until, self._refilled)
                 break
             urgency, *_, function, args, done = heapq.heappop(self._waiting)
             if done.done():  # its caller was cancelled meanwhile
@@ -196,6 +213,10 @@ class ImagePool:
             asyncio.wrap_future(job).add_done_callback(
                 lambda finished, done=done, executor=executor, urgency=urgency: self._finished(finished, done,
                                                                                               executor, urgency))
+
+    def _refilled(self) -> None:
+        self._refill = None
+        self._fill()
 
     def _pool(self) -> ProcessPoolExecutor:
         if self._closed or self.restarts > RESTARTS:
@@ -238,6 +259,9 @@ class ImagePool:
         exit while the caller goes on (a process takes a few tenths of a second to end), and a later close
         waits for them."""
         self._closed = True
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
         for *_, done in self._waiting:
             if not done.done():
                 done.set_exception(PoolBroken("the image pool is closed"))

@@ -77,6 +77,20 @@ def test_region_mask_is_the_taxonomy_region_located_on_the_source_or_typical():
     assert 0 < values.mean() / 255 < 0.1 and xs.mean() > 150  # a small region right of centre (a right eye)
 
 
+def test_findings_in_one_region_of_a_source_share_its_region_mask(monkeypatch):
+    buffer = io.BytesIO()
+    Image.fromarray(radiograph(256, seed=3)).save(buffer, format="JPEG")
+    source = {"bytes": buffer.getvalue(), "path": None}
+    computed = []
+    region_grid = masks._region_grid
+    monkeypatch.setattr(masks, "_region_grid", lambda *args: computed.append(args[:2]) or region_grid(*args))
+    found = {disease: masks.task_masks({}, source, "chest_xray", disease).region["bytes"]
+             for disease in ("Atelectasis", "Pneumonia", "Consolidation", "Pleural_Effusion")}
+    assert found["Atelectasis"] == found["Pneumonia"] == found["Consolidation"] != found["Pleural_Effusion"]
+    assert computed == [("chest_xray", "Atelectasis"), ("chest_xray", "Pleural_Effusion")]  # once a region
+    assert masks.task_masks({}, source, "chest_xray", "No_Finding").region is None  # not an edit target
+
+
 def _drawn(run_dir: Path) -> dict[tuple[str, int], dict]:
     """(uid, round) -> the simulator's recorded edit details."""
     out = {}

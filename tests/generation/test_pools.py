@@ -72,11 +72,13 @@ def test_jobs_run_in_other_processes_and_an_urgent_one_goes_before_those_queued(
 
 
 @pytest.mark.slow
-def test_a_process_is_kept_for_urgent_jobs_while_others_run_the_rest():
+def test_a_process_is_kept_for_urgent_jobs_while_they_come(monkeypatch):
+    monkeypatch.setattr(pools, "URGENT_WINDOW", 30.0)  # urgent jobs keep coming, as far as the pool can tell
+
     async def scenario():
         pool = pools.ImagePool(2)
         try:
-            await asyncio.gather(pool.run(os.getpid), pool.run(os.getpid))
+            await asyncio.gather(pool.run(os.getpid), pool.run(os.getpid, urgent=True))
             queued = [asyncio.ensure_future(pool.run(_stamp, 0.4)) for _ in range(4)]
             await asyncio.sleep(0.1)  # one runs, three wait: the second process stays free
             urgent = asyncio.ensure_future(pool.run(_stamp, 0.0, urgent=True))
@@ -86,6 +88,36 @@ def test_a_process_is_kept_for_urgent_jobs_while_others_run_the_rest():
             pool.close()
         assert ended < min(ends)  # not behind a job that can wait
         assert ends == sorted(ends) and ends[-1] - ends[0] >= 3 * 0.4 - 0.05  # the rest one after the other
+
+    asyncio.run(scenario())
+
+
+def _started(seconds: float) -> float:
+    """A job: says when it started, then sleeps."""
+    started = time.monotonic()
+    time.sleep(seconds)
+    return started
+
+
+@pytest.mark.slow
+def test_once_urgent_jobs_stop_coming_the_others_get_every_process(monkeypatch):
+    monkeypatch.setattr(pools, "URGENT_WINDOW", 0.3)
+
+    async def scenario():
+        pool = pools.ImagePool(2)
+        try:
+            await asyncio.gather(pool.run(_started, 0.2), pool.run(_started, 0.2))  # both processes up, this module in
+            await asyncio.sleep(0.3)
+            urgent_came = time.monotonic()
+            await pool.run(_started, 0.0, urgent=True)
+            first, second = await asyncio.gather(pool.run(_started, 0.8), pool.run(_started, 0.8))
+            later = await asyncio.gather(*(pool.run(_started, 0.3) for _ in range(2)))  # none urgent for a while
+        finally:
+            pool.close()
+        assert first - urgent_came < 0.25  # one process runs it at once...
+        # ... the other is kept until the window after the urgent job ends, not until the first job ends (0.8 s)
+        assert 0.3 - 0.02 <= second - urgent_came < 0.65
+        assert abs(later[0] - later[1]) < 0.2  # side by side, not one after the other (0.3 s apart)
 
     asyncio.run(scenario())
 
