@@ -11,9 +11,9 @@ expected USD over the mean actual USD, less one: the error on average over the s
 runs whose own estimate was that close; "9 of 10" takes the seeds ten at a time and counts the tens that met the
 first target.
 
-    PYTHONPATH=.pp python bench/bench_plan.py                       # 200 and 1000 tasks, rates .3 .6 .9, 10 seeds
-    PYTHONPATH=.pp python bench/bench_plan.py --sizes 200 --seeds 3  # a quick look
-    PYTHONPATH=.pp python bench/bench_plan.py --jobs 16              # on 16 idle cores
+    python bench/bench_plan.py                        # 200 and 1000 tasks, rates .3 .6 .9, 10 seeds
+    python bench/bench_plan.py --sizes 200 --seeds 3  # a quick look
+    python bench/bench_plan.py --jobs 16              # on 16 idle cores
 
 A pilot is `generate --shard 0/20` (5 %) or `--shard 0/10` (10 %): a hash of each task's uid picks it, so it is a
 sample of the whole selection (a --limit would take the first tasks in sort order, one disease at a time).
