@@ -165,10 +165,10 @@ class Clients:
     async def aclose(self) -> None:
         if not self.plain:
             await self._client.aio.aclose()
-        elif self._open is not None and self._loop is asyncio.get_running_loop():  # another loop's closed with it
+            return
+        if self._open is not None and self._loop is asyncio.get_running_loop():  # another loop's closed with it
             await self._open.aclose()
-        if self.plain:  # the next call, in this loop or another, makes a new client
-            self._client = self._loop = self._open = None
+        self._client = self._loop = self._open = None  # the next call, in this loop or another, makes a new client
 
 
 async def _open_until_closed(client: genai.Client, session):
