@@ -269,11 +269,10 @@ class _Source:
         return self._anatomy[modality]
 
     def region(self, modality: str | None, disease: str) -> dict | None:
-        try:  # keyed by the region itself: findings in the same place (3 of chest X-ray's 11) share its mask
-            label = load_taxonomy().target(disease, modality)
-        except ValueError:  # not an edit target: no mask
+        # keyed by the region itself: findings in the same place (3 of chest X-ray's 11) share its mask
+        key = region_key(modality, disease)
+        if key is None:  # not an edit target: no mask
             return None
-        key = (label.modality, label.region)
         if key not in self._regions:
             try:
                 self._regions[key] = png_value(_region_grid(modality, disease, self.anatomy)[0], self.size)
@@ -286,9 +285,10 @@ _SOURCES: SourceCache[_Source] = SourceCache(64)  # a worker's recent sources (a
 
 
 def task_masks(images: dict[str, dict | None], source: dict | None, modality: str | None,
-               disease: str) -> TaskMasks | None:
+               disease: str, *, region: bool = True) -> TaskMasks | None:
     """The masks of a task from its source's and attempts' image values; None without a source (nothing to
-    compare with). An unreadable image gets no mask (its row says nothing it cannot back)."""
+    compare with). An unreadable image gets no mask (its row says nothing it cannot back). Without `region` the
+    task's region mask is not made (its caller has it)."""
     if source is None:
         return None
     data = source["bytes"]
@@ -296,7 +296,7 @@ def task_masks(images: dict[str, dict | None], source: dict | None, modality: st
         shared = _SOURCES.get(hashlib.sha256(data).hexdigest(), "", lambda: _Source(data))
     except ValueError:
         return TaskMasks()
-    masks = TaskMasks(region=shared.region(modality, disease))
+    masks = TaskMasks(region=shared.region(modality, disease) if region else None)
     for path, value in images.items():
         try:
             masks.edits[path] = None if value is None else _edit_value(shared, value["bytes"])
@@ -311,15 +311,28 @@ def _edit_value(shared: _Source, data: bytes) -> dict:
     return png_value(changed(shared.reference(wh), _working(rgb, wh)), size)
 
 
-def attempt_mask_files(source: bytes, edited: bytes, modality: str | None,
-                       disease: str) -> tuple[bytes | None, bytes | None]:
+def attempt_mask_files(source: bytes, edited: bytes, modality: str | None, disease: str,
+                       region: bytes | None = None) -> tuple[bytes | None, bytes | None]:
     """(edit mask, region mask) of one attempt image as PNG bytes, what the run stores beside the image
     (layout.mask_relpaths): `task_masks` on the source's and the edit's bytes, so a build that copies them gets
-    what it would compute. None for a mask that cannot be made (an unreadable image, a label without a region);
-    bad image data never raises."""
+    what it would compute. A `region` given (the region mask of this source and the task's taxonomy region, made
+    for an earlier attempt: `region_key`) is returned as it is instead of made again. None for a mask that cannot
+    be made (an unreadable image, a label without a region); bad image data never raises."""
     try:
-        masks = task_masks({"": {"bytes": edited, "path": None}}, {"bytes": source, "path": None}, modality, disease)
+        masks = task_masks({"": {"bytes": edited, "path": None}}, {"bytes": source, "path": None}, modality, disease,
+                           region=region is None)
     except (ValueError, OSError, Image.DecompressionBombError):  # a decoder's surprise on hostile bytes: no mask
-        return None, None
+        return None, region
     edit = masks.edits.get("")
-    return (edit["bytes"] if edit else None), (masks.region["bytes"] if masks.region else None)
+    return (edit["bytes"] if edit else None), region if region is not None else (masks.region["bytes"]
+                                                                                 if masks.region else None)
+
+
+def region_key(modality: str | None, disease: str) -> tuple[str, str] | None:
+    """What a task's region mask depends on besides its source: (modality, taxonomy region); None for a label
+    that is not an edit target (no region mask)."""
+    try:
+        label = load_taxonomy().target(disease, modality)
+    except ValueError:
+        return None
+    return label.modality, label.region

@@ -23,17 +23,18 @@ MaskFiles = tuple[bytes | None, bytes | None]  # (edit mask PNG, region mask PNG
 SUFFIXES = (".edit.png", ".region.png")  # what `layout.mask_relpaths` appends to the image's path
 
 
-def compute(task: Task, edited: bytes, frame_rejected: bool = False) -> MaskFiles:
+def compute(task: Task, edited: bytes, frame_rejected: bool = False, region: bytes | None = None) -> MaskFiles:
     """The masks of an attempt image of `task` from its bytes and the task's source file; (None, None) when the
     source cannot be read. Never raises for bad data: a mask is derived, and a missing one is recomputed by a build.
     An edit the geometry guard rejected because its frame moved gets no edit mask (it would outline the moved
-    anatomy, not the edit), only its task's region."""
+    anatomy, not the edit), only its task's region. A `region` given is the task's region mask, made for an
+    earlier attempt on the same source (masks.attempt_mask_files)."""
     try:
         source = Path(task.source_path).read_bytes()
     except OSError:
         return None, None
     try:
-        edit, region = attempt_mask_files(source, edited, task.modality, task.disease)
+        edit, region = attempt_mask_files(source, edited, task.modality, task.disease, region)
     except Exception:  # a mask must never fail the round that stores its image; a build recomputes a missing one
         return None, None
     return (None if frame_rejected else edit), region

@@ -17,9 +17,11 @@ without them (a build recomputes them), and the check runs in a worker thread in
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from pathlib import Path
 
 from ..geometry import Geometry, GeometryCheck, check_edit, registered_edit
+from ..masks import region_key
 from ..loop import CheckGeometry
 from ..pools import ImagePool, PoolBroken
 from ..records import EditedImage, SourceImage, Task
@@ -47,6 +49,10 @@ def _imports() -> None:
 # second (numpy, scipy and the rest imported), which the run's first requests need more (bench_gemini.py --case
 # short: its first hundred went out by a median 0.31-0.38 s, against 0.52-0.72 s with the pool started at once)
 START_AFTER = 0.5
+# Region masks kept for the later attempts on a source (a few KB each; the tasks of a source run near each other):
+# made once for the run instead of once in each process that meets the source, 787 instead of 1,022 for the 1,676
+# rounds of bench_gemini.py --case fast, about 3 s of the pool's 50 s of CPU (docs/benchmarks.md)
+REGIONS_KEPT = 1024
 
 
 class ImageWork:
@@ -57,6 +63,8 @@ class ImageWork:
         self.pool = ImagePool(size, initializer=_imports)
         self._start = asyncio.get_running_loop().call_later(start_after, self.pool.start)
         self._masks: dict[str, tuple[bytes, asyncio.Task]] = {}  # task uid -> (image, its masks on the way)
+        # (source path, modality, taxonomy region) -> its region mask PNG, the most recently used
+        self._regions: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
 
     async def check(self, step: CheckGeometry) -> GeometryCheck:
         """The step's GeometryCheck, computed in the pool ahead of any masks; the masks of the image it lets on
@@ -90,10 +98,19 @@ class ImageWork:
             started[1].cancel()
 
     async def _compute(self, task: Task, image: bytes, frame_rejected: bool) -> mask_files.MaskFiles:
+        where = region_key(task.modality, task.disease)
+        key = None if where is None else (str(task.source_path), *where)
+        known = self._regions.get(key)
         try:
-            return await self.pool.run(mask_files.compute, task, image, frame_rejected)
+            edit, region = await self.pool.run(mask_files.compute, task, image, frame_rejected, known)
         except Exception:  # noqa: BLE001 - PoolBroken, or anything else: a mask never fails the round it belongs to
             return None, None
+        if key is not None and region is not None:
+            self._regions[key] = region
+            self._regions.move_to_end(key)
+            if len(self._regions) > REGIONS_KEPT:
+                self._regions.popitem(last=False)
+        return edit, region
 
     def close(self, wait: bool = True) -> None:
         self._start.cancel()
