@@ -9,6 +9,8 @@ The two cases and their targets (one process on 2 cores, the fake server on the 
 task's image arrives at once with its wave's, reaches >= 0.9 of the ideal (18 s: 300 tasks x 3 calls x 2 s / 100);
 `fast` reaches >= 0.85 of the concurrency bound. `--check-in thread` makes each edit's geometry check in a thread
 beside the event loop instead of the run's process pool (the alternative the runners do not take), to compare.
+`--check-in none` makes no check and no masks at all: the same run with no per-image work, the most this client can
+reach on this machine. A case runs it after the real run and prints the difference: what the per-image work costs.
 
 Gemini's own latencies are 2-10 s for judge and writer calls and 10-30 s for image edits, so 2 s per call is the
 fast end of real use; the target there is 0.9 of the ideal (below) on 2 cores with the server on the same cores.
@@ -118,6 +120,17 @@ def run_one(args) -> dict:
         from medbanana.generation.runners.image_work import ImageWork
 
         ImageWork._answer = lambda self, step: asyncio.to_thread(step.answer)
+    elif args.check_in == "none":  # the reference: no per-image work at all (no check, no masks)
+        from medbanana.generation.geometry import GeometryCheck
+        from medbanana.generation.runners.image_work import ImageWork
+
+        async def unchecked(self, step):
+            return GeometryCheck("kept", None, step.edited, "not measured (bench: --check-in none)")
+
+        async def no_masks(self, task, image, frame_rejected):
+            return None, None
+
+        ImageWork._answer, ImageWork._compute = unchecked, no_masks
     imports = time.perf_counter() - imports
     roles = {"writer": "gemini", "editor": "gemini", "judge": "gemini"}
     spec = BackendSpec("gemini", roles, gemini={"base_url": args.base_url, "timeout": 60, "max_attempts": 3})
@@ -195,9 +208,10 @@ def main() -> None:
                     help="client processes (generate --workers); default 1")
     ap.add_argument("--latency", type=float, default=2.0, help="seconds the fake adds to every call (default 2)")
     ap.add_argument("--max-rounds", type=int, default=5, help="rounds per task (default 5; --case short: 1)")
-    ap.add_argument("--check-in", choices=("pool", "thread"), nargs="+", default=["pool"],
-                    help="where each edit's geometry check runs: the run's process pool (what generate does) or a "
-                         "thread beside the event loop (to compare); default pool")
+    ap.add_argument("--check-in", choices=("pool", "thread", "none"), nargs="+",
+                    help="where each edit's geometry check runs: the run's process pool (what generate does), a "
+                         "thread beside the event loop (to compare), or nowhere: 'none' also makes no masks, the "
+                         "client's own ceiling; default pool (a --case: pool and none)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: run one configuration
     ap.add_argument("--sources", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -214,6 +228,8 @@ def main() -> None:
     if args.case:
         tasks, concurrency, args.latency, args.max_rounds, *target = CASES[args.case]
         args.tasks, args.concurrency = [tasks], [concurrency]
+    args.check_in = args.check_in or (["pool", "none"] if args.case else ["pool"])
+    reference = {}  # the figures of the run without per-image work, by (tasks, concurrency, workers)
 
     with fake_gemini_and_workdir(args.latency, "gemini") as (base_url, work, server_pid):
         sources = make_sources(work / "sources", max(args.tasks))
@@ -248,10 +264,17 @@ def main() -> None:
             if r["journal_calls"] != r["calls"]:
                 print(f"  (the journal accounts for {r['journal_calls']} of the {r['calls']} calls: the ideal is "
                       f"approximate)")
-            if target:
+            if target and check_in != "none":
                 name, wanted = target
                 print(f"  {args.case}: {name} {figures[name]:.2f} against a target of {wanted} "
                       f"({'met' if figures[name] >= wanted else 'NOT met'})")
+                reference[(tasks, concurrency, workers)] = (check_in, figures[name])
+            elif target and (tasks, concurrency, workers) in reference:
+                name, _ = target
+                check, before = reference[(tasks, concurrency, workers)]
+                print(f"  {args.case}: {name} {figures[name]:.2f} without per-image work (no check, no masks), "
+                      f"{before:.2f} with it ({check}): the per-image work costs "
+                      f"{round(figures[name] - before, 2) + 0:+.2f}")
             shutil.rmtree(out)
         print("load: the 1-minute load average before the row / its mean / its maximum while the row ran (the run's "
               "own processes included)")
