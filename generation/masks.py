@@ -248,7 +248,7 @@ def png_value(mask: np.ndarray, size: tuple[int, int] | None = None) -> dict:
 
 class _Source:
     """What the masks of every task of one source share: the source decoded reduced, its references by working
-    shape, its anatomy by modality and its region values by (modality, disease)."""
+    shape, its anatomy by modality and its region values by (modality, taxonomy region)."""
 
     def __init__(self, data: bytes):
         self.data = data
@@ -323,9 +323,10 @@ def attempt_mask_files(source: bytes, edited: bytes, modality: str | None, disea
                            region=region is None)
     except (ValueError, OSError, Image.DecompressionBombError):  # a decoder's surprise on hostile bytes: no mask
         return None, region
+    if region is None and masks.region:
+        region = masks.region["bytes"]
     edit = masks.edits.get("")
-    return (edit["bytes"] if edit else None), region if region is not None else (masks.region["bytes"]
-                                                                                 if masks.region else None)
+    return (edit["bytes"] if edit else None), region
 
 
 def region_key(modality: str | None, disease: str) -> tuple[str, str] | None:

@@ -5,7 +5,8 @@ The check is on its task's critical path (its answer goes to the judge), so it g
 The masks are not: they start as soon as the check has said which image goes on (the registered one, or none for
 an edit rejected for its frame), so they are made while the judge call is in flight, and the round waits for them
 only when it is stored. A burst of images (a hundred edits answered at once, a batch job's thousands) therefore
-queues in the pool, not in front of any task's next call.
+queues in the pool, not in front of any task's next call. A task's region mask depends on its source and taxonomy
+region only: made for the first attempt that needs it, it is handed to the later ones' jobs.
 
 The check in a pool process costs a pickle of the two images' bytes and the answer's way back (~1 ms; the
 registered image's bytes only for an edit that was warped back) and keeps its 5-15 ms of numpy and scipy, which
