@@ -44,7 +44,7 @@ from ..generation.files import atomic_write_text, open_append, read_jsonl
 from ..generation.geometry import estimate_geometry, registered
 from ..generation.mask_check import MAX_MASK_PIXELS, header_size, read_checked_mask
 from ..generation.masks import edit_mask_array, region_array
-from ..generation.pools import ImagePool, PoolBroken, pool_size
+from ..generation.pools import ImagePool, PoolBroken, pool_size, refuse_in_a_starting_child
 from .failures import eval_reasons
 from .inputs import Sample, image_bytes, read_image
 from .judging import judge_record, make_judge, scores_note
@@ -75,6 +75,7 @@ def evaluate(samples: Iterable[Sample], out: Path, *, settings: dict, options: E
              judge=None) -> dict:
     """Score every sample into `out`; returns the summary. `settings` describe the run (written once, checked on
     resume); `judge` is a judge backend or None (no EA / VQ)."""
+    refuse_in_a_starting_child("medbanana's evaluate")  # before a file is touched: the scoring processes spawn
     options = options or EvalOptions()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,12 +21,14 @@ import contextlib
 import heapq
 import itertools
 import os
+import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable
 
+from .failures import UsageError
 from .interrupts import children_ignore_sigint, ignore_sigint
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" in microseconds, or "max PERIOD"
@@ -114,6 +116,18 @@ def quiet_resource_tracker():
             os.environ.pop("PYTHONWARNINGS", None)
         else:
             os.environ["PYTHONWARNINGS"] = before
+
+
+def refuse_in_a_starting_child(what: str) -> None:
+    """UsageError when `what` is called by a script that a spawned process is running again as it starts: Python
+    runs the parent's main script in every process it spawns (a pool's, a worker's), as `__mp_main__` beside the
+    child's own `__main__` until it is done, so a call that is not under `if __name__ == "__main__":` would run
+    again in each, before the process does any of its work. A call from a child's work, once started, is not one."""
+    starting = sys.modules.get("__mp_main__")
+    if getattr(starting, "__name__", None) == "__mp_main__" and starting is not sys.modules.get("__main__"):
+        raise UsageError(f"{what} was called again in a process it started: the script that calls it must do so "
+                         "under `if __name__ == \"__main__\":`, since Python runs the script again in each process "
+                         "it starts (multiprocessing's spawn)")
 
 
 class PoolBroken(RuntimeError):

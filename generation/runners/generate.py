@@ -28,6 +28,7 @@ from ..sources.scan import Selection, SourceLayoutError, scan_sources
 from ..rundir.journal import journal_lines
 from ..taxonomy import DIRECTIONS
 from ..failures import NotFound, UsageError
+from ..pools import refuse_in_a_starting_child
 
 API_KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 PILOT_MINIMUM = 10  # finished tasks of a resumed run that its own estimate is measured on
@@ -118,7 +119,10 @@ def generate(sources: Path, out: Path, *, selection: Selection | None = None, mo
     needs a spec) spreads the tasks over that many processes. A paid backend's calls are priced with `prices` (the
     shipped table by default): spend and projection on the progress bar, and `budget` USD never passed
     (budget.py). `announce(backends, plan)` is called once the run directory is opened, before any call: the
-    backends' names and models, and what the run's unfinished tasks should cost (None when nothing is paid)."""
+    backends' names and models, and what the run's unfinished tasks should cost (None when nothing is paid).
+    A script calls it under `if __name__ == "__main__":`: the run's processes (its image pool, `workers`) run the
+    script again as they start, and a call made there stops at once with UsageError (pools.py)."""
+    refuse_in_a_starting_child("medbanana's generate")
     selection = selection or Selection()
     options = options or RunOptions()
     if options.workers > 1 and (spec is None or batch is not None):

@@ -220,3 +220,43 @@ def test_a_run_whose_pool_dies_stores_every_round_without_masks_and_the_build_co
                  "-q"]) == 0
     masks = json.loads((out / "medbanana-build.json").read_text())["stats"]["edit_masks"]
     assert masks == {"computed": len(images)}  # every mask the run could not store, made by the build
+
+
+NO_GUARD = '''
+from pathlib import Path
+import numpy as np
+from PIL import Image
+from medbanana.generation.runners.generate import generate
+from medbanana.generation.runners.session import RunOptions
+folder = Path("sources/MIMIC_g/normal")
+folder.mkdir(parents=True, exist_ok=True)
+for i in range(2):
+    Image.fromarray(np.full((96, 96, 3), 60 + 40 * i, np.uint8)).save(folder / f"s{i}.jpeg")
+summary = generate(Path("sources"), Path("run"), limit=2, options=RunOptions(quiet=True, max_rounds=1))
+print("tasks", summary.tasks)
+'''
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_is_told_and_its_call_does_not_run_again_in_the_pool(tmp_path):
+    """Python runs the calling script again in each process the pool spawns: there generate stops at once with what
+    to do, instead of opening the run a second time (before: a LockHeld traceback per process, and any other run
+    the script names made again), and the script's own run ends with its tasks."""
+    (tmp_path / "script.py").write_text(NO_GUARD)
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tasks 2" in done.stdout
+    assert 'must do so under `if __name__ == "__main__":`' in done.stderr
+    assert "LockHeld" not in done.stderr
+    assert sum(e["type"] == "task" for e in read_journal(tmp_path / "run" / layout.JOURNAL)) == 2
+
+
+def test_a_call_from_a_started_process_s_work_is_not_refused():
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # this test module is the child's work, not its main
+        assert pool.apply(pools.refuse_in_a_starting_child, ("generate",)) is None
+    pools.refuse_in_a_starting_child("generate")  # nor a call in the parent
