@@ -9,8 +9,8 @@ The two cases and their targets (one process on 2 cores, the fake server on the 
 task's image arrives at once with its wave's, reaches >= 0.9 of the ideal (18 s: 300 tasks x 3 calls x 2 s / 100);
 `fast` reaches >= 0.85 of the concurrency bound. `--check-in thread` makes each edit's geometry check in a thread
 beside the event loop instead of the run's process pool (the alternative the runners do not take), to compare.
-`--check-in none` makes no check and no masks at all: the same run with no per-image work, the most this client can
-reach on this machine. A case runs it after the real run and prints the difference: what the per-image work costs.
+`--check-in none` makes no check and no masks at all: the same run with no per-image work, what the client alone
+reaches on this machine. A case runs it after the real run and prints the difference: what the per-image work costs.
 
 Gemini's own latencies are 2-10 s for judge and writer calls and 10-30 s for image edits, so 2 s per call is the
 fast end of real use; the target there is 0.9 of the ideal (below) on 2 cores with the server on the same cores.
@@ -210,8 +210,8 @@ def main() -> None:
     ap.add_argument("--max-rounds", type=int, default=5, help="rounds per task (default 5; --case short: 1)")
     ap.add_argument("--check-in", choices=("pool", "thread", "none"), nargs="+",
                     help="where each edit's geometry check runs: the run's process pool (what generate does), a "
-                         "thread beside the event loop (to compare), or nowhere: 'none' also makes no masks, the "
-                         "client's own ceiling; default pool (a --case: pool and none)")
+                         "thread beside the event loop (to compare), or nowhere: 'none' also makes no masks, what "
+                         "the client alone reaches; default pool (a --case: pool and none)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: run one configuration
     ap.add_argument("--sources", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -243,9 +246,6 @@ def test_a_script_without_a_main_guard_is_told_and_its_call_does_not_run_again_i
     to do, instead of opening the run a second time (before: a LockHeld traceback per process, and any other run
     the script names made again), and the script's own run ends with its tasks."""
     (tmp_path / "script.py").write_text(NO_GUARD)
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "tasks 2" in done.stdout
@@ -255,8 +255,6 @@ def test_a_script_without_a_main_guard_is_told_and_its_call_does_not_run_again_i
 
 
 def test_a_call_from_a_started_process_s_work_is_not_refused():
-    import multiprocessing
-
     with multiprocessing.get_context("spawn").Pool(1) as pool:  # this test module is the child's work, not its main
         assert pool.apply(pools.refuse_in_a_starting_child, ("generate",)) is None
     pools.refuse_in_a_starting_child("generate")  # nor a call in the parent
