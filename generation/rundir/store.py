@@ -26,7 +26,7 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from . import layout, mask_files, originals
+from . import layout, layout_files, mask_files, originals
 from .lock import DirLock
 from .provenance import DEFAULT_SOURCE_TYPE, creator_tool, mark_synthetic, read_mark, xmp_text
 from .journal import open_journal, parse_journal
@@ -41,6 +41,9 @@ FORMAT_VERSION = 1
 IDENTITY_KEYS = ("format_version", "backends", "max_rounds", "accept", "seed", "c2pa", "geometry")
 # recorded only since the key was added: a run made before it resumes under any value
 NEWER_KEYS = ("geometry",)
+# The most of a run's time periodic materialisation may take: at 50,000 finished tasks one takes ~20 s
+# (bench/bench_materialize.py), which a fixed interval of 30 s would repeat nearly back to back.
+MATERIALIZE_SHARE = 0.05
 
 
 class RunConfigMismatch(UsageError, RuntimeError):
@@ -72,6 +75,8 @@ class RunStore:
         self._lock = DirLock(self.run_dir, "run directory")
         self._journal = None
         self._last_materialized = 0.0
+        self._materialize_took = 0.0  # seconds the last materialisation took
+        self._changed_pairs: set[tuple[str, str]] | None = None  # output folder pairs to write next (None: all)
         self._dirty = False  # journal lines since the last materialisation
 
     # --- opening and replay -------------------------------------------------------------------------------------
@@ -312,40 +317,32 @@ class RunStore:
         self.finished[record["uid"]] = record
         self.partial.pop(record["uid"], None)
         self.reopened.discard(record["uid"])
+        if self._changed_pairs is not None:
+            self._changed_pairs.add(layout_files.folder_pair(record))
         self._append({"type": "task", "uid": record["uid"], "record": record})
 
     def maybe_materialize(self, every_seconds: float) -> None:
-        if time.monotonic() - self._last_materialized >= every_seconds:
+        """Materialise when `every_seconds` have passed since the last time, and the last one took at most
+        MATERIALIZE_SHARE of the time since it ended: it blocks the event loop, and its cost grows with the run."""
+        waited = time.monotonic() - self._last_materialized
+        if waited >= max(every_seconds, self._materialize_took / MATERIALIZE_SHARE):
             self.materialize()
 
     # --- materialisation ----------------------------------------------------------------------------------------
     def materialize(self) -> None:
-        """Rebuild every JSON file of the original layout from the finished records, atomically."""
-        groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+        """Rebuild the JSON files of the original layout (layout_files.py), atomically, of every output folder pair
+        with a task finished since the last time: of all of them the first time after opening."""
+        started = time.monotonic()
+        pairs: dict[tuple[str, str], list[dict]] = defaultdict(list)
         for record in self.finished.values():
-            groups[(record["dataset"], record["task"])].append(record)
-        for (dataset, direction), records in sorted(groups.items()):
-            records.sort(key=lambda r: r["uid"])
-            out = layout.output_dir(self.run_dir, dataset, direction)
-            judged = [r for r in records if r["status"] in (TaskStatus.SUCCESS, TaskStatus.FAILED)]
-            # a record read back (a resume, a merge) has been checked (journal.py), but the schema's optional fields
-            # may be missing from it: read with .get
-            atomic_write_json(out / layout.PROGRESS, {r["key"]: r["status"] for r in records})
-            atomic_write_json(out / layout.API_FAILURES, [r["api_failure"] for r in records if r.get("api_failure")])
-            atomic_write_json(out / layout.FINAL_PROMPTS, {
-                r["key"]: {"image": r.get("image"), "disease": r["disease"], "status": r["status"],
-                           "final_prompt": r.get("final_prompt"), "rounds": len(r.get("rounds") or [])}
-                for r in judged})
-            atomic_write_json(out / layout.ALL_CONVERSATIONS, {r["key"]: _public(r) for r in records})
-            failed = [r for r in records if r["status"] == TaskStatus.FAILED]
-            if failed:
-                atomic_write_json(layout.failed_dir(self.run_dir, dataset, direction) / layout.FAILED_SUMMARY, [
-                    {"task": r["key"], "image": r.get("image"), "disease": r["disease"],
-                     "final_prompt": r.get("final_prompt"), "rounds": len(r.get("rounds") or []),
-                     "last_verification": ((r.get("rounds") or [{}])[-1]).get("verification"),
-                     "final_image_path": r.get("final_image_path"), "full_conversation": _public(r)}
-                    for r in failed])
+            pair = layout_files.folder_pair(record)
+            if self._changed_pairs is None or pair in self._changed_pairs:
+                pairs[pair].append(record)
+        for (dataset, direction), records in sorted(pairs.items()):
+            layout_files.write_folder_pair(self.run_dir, dataset, direction, records)
+        self._changed_pairs = set()
         self._last_materialized = time.monotonic()
+        self._materialize_took = self._last_materialized - started
         self._dirty = False
 
 
@@ -363,10 +360,6 @@ def _check_signing(run_dir: Path, recorded: dict | None, given: dict | None) -> 
                                 f"with the same --c2pa-cert and --c2pa-key (or their environment variables)")
     raise RunConfigMismatch(f"{run_dir} signs its images with the certificate of SHA-256 {was}, not {now}; "
                             f"resume it with that certificate, or sign a new run with --out")
-
-
-def _public(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k not in ("key", "api_failure")}
 
 
 def conversation_record(outcome: TaskOutcome, run_dir: Path, config: dict, extra: dict) -> dict:
