@@ -20,6 +20,7 @@ class TaskStatus(StrEnum):
 
 # the statuses, to test a word read from a file against (`word in TaskStatus` raises TypeError before Python 3.12)
 STATUSES = tuple(TaskStatus)
+ENDED = (TaskStatus.SUCCESS, TaskStatus.FAILED)  # judged to the end: no resume or --retry-failed runs it again
 
 
 class FailureKind(StrEnum):

@@ -12,22 +12,83 @@ work on different tasks. A log is created new (O_EXCL|O_NOFOLLOW): a symbolic li
 followed; the folder itself may be a link (a cache placed on another disk). A log read back is opened without
 following a link or blocking (files.open_owned): one that is a symbolic link, a FIFO or a folder is left out with a
 warning, never opened.
+
+A run's task has answers of its own (`answers_of_task`, which the runners enter around each task): they go to
+`DIR/tasks/<tag>/`, one file a record, and `drop_task_answers` removes that folder once the run has journalled the
+task succeeded or failed, when no resume can ask for them again. An api_failed task's stay, for --retry-failed. So
+the cache holds the answers of the tasks in flight and of the api_failed ones, not a second copy of every image a
+run made (an edit's answer carries its image in base64: 4/3 of the image's bytes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
+import stat
 import threading
 import time
 import warnings
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from ..files import UnsafeFile, create_new, open_owned
 
 LOG_GLOB = "answers-*.log"
+TASKS = "tasks"  # DIR/tasks/<tag>/: one task's answers
+_TASK: ContextVar[str | None] = ContextVar("medbanana_answers_task", default=None)  # the tag answers go under
+
+
+def task_tag(uid: str) -> str:
+    """The folder name of a task's answers: a uid names files after its sources (any characters), a tag is hex."""
+    return hashlib.sha256(uid.encode("utf-8")).hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def answers_of_task(uid: str):
+    """Within it, in this context (and the asyncio tasks started from it), every cache of this process keeps the
+    answers it is given in the task's own folder."""
+    token = _TASK.set(task_tag(uid))
+    try:
+        yield
+    finally:
+        _TASK.reset(token)
+
+
+def drop_task_answers(cache_root: Path, uids: Iterable[str]) -> int:
+    """Remove the answers of the tasks `uids` from every cache under `cache_root` (a run's medbanana-cache/, one
+    folder per backend): call only once their end is journalled. A link at a task's folder is removed, never
+    followed. Returns how many folders went."""
+    tags, removed = {task_tag(uid) for uid in uids}, 0
+    if not tags or not _real_folder(cache_root):
+        return 0
+    for backend in os.scandir(cache_root):
+        folder = Path(backend.path) / TASKS
+        if not backend.is_dir(follow_symlinks=False) or not _real_folder(folder):
+            continue
+        for tag in tags if len(tags) < 64 else tags.intersection(os.listdir(folder)):
+            path = folder / tag
+            try:
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+                removed += 1
+            except FileNotFoundError:
+                continue
+    return removed
+
+
+def _real_folder(path: Path) -> bool:
+    """Whether `path` is a folder itself, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -115,6 +176,18 @@ class ResponseCache:
         header = f"{key} {-1 if body is None else len(body)} {stamp}\n".encode()
         with self._lock:
             index = self._entries()
+            if (tag := _TASK.get()) is not None and (log := self._task_log(tag, stamp)) is not None:
+                try:
+                    fd = create_new(log, 0o644)  # anything already at the name: the record goes to the log below
+                except FileExistsError:
+                    pass
+                else:
+                    try:
+                        os.write(fd, header + (body or b"") + b"\n")
+                    finally:
+                        os.close(fd)
+                    index[key] = _Entry(log, len(header), -1 if body is None else len(body), stamp)
+                    return
             if self._fd is None:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._log = self.directory / f"answers-{stamp}-{os.getpid()}.log"
@@ -124,10 +197,23 @@ class ResponseCache:
             os.write(self._fd, header + (body or b"") + b"\n")  # one write: a kill leaves at most one torn record
             index[key] = _Entry(self._log, offset, -1 if body is None else len(body), stamp)
 
+    def _task_log(self, tag: str, stamp: int) -> Path | None:
+        """A new file's name in the task's folder (made here), None where a link stands in the way: the answer then
+        goes to this process's log."""
+        folder = self.directory / TASKS / tag
+        self.directory.mkdir(parents=True, exist_ok=True)  # the cache folder itself may be a link (another disk)
+        for path in (folder.parent, folder):
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
+            if not _real_folder(path):
+                return None
+        return folder / f"answers-{stamp}-{os.getpid()}.log"
+
     def _entries(self) -> dict[str, _Entry]:
         if self._index is None:
             index: dict[str, _Entry] = {}
-            for log in sorted(self.directory.glob(LOG_GLOB)):
+            logs = [*self.directory.glob(LOG_GLOB), *self.directory.glob(f"{TASKS}/*/{LOG_GLOB}")]
+            for log in sorted(logs, key=lambda path: path.name):
                 try:
                     records = list(_read_headers(log))
                 except UnsafeFile as exc:  # no log of ours: never opened (a FIFO would block), left out

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from ..backends import Editor, InstructionWriter, Judge
+from ..backends.response_cache import answers_of_task
 from ..loop import Acceptance, OnRound, acceptance_policy, refine_task
 from ..records import DEFAULT_MAX_PIXELS, Attempt, SourceImage, Task, open_image
 from ..outcomes import ApiFailure, FailureKind, TaskOutcome, TaskStatus
@@ -92,9 +93,10 @@ async def run_one_task(task: Task, sources: SourceCache, backends: tuple[Instruc
         return source_error(task, exc)
     writer, editor, judge = backends
     try:
-        return await refine_task(task, source, writer, editor, judge, max_rounds=options.max_rounds, accept=accept,
-                                 seed=options.seed, history=history, on_round=on_round, geometry=options.geometry,
-                                 check=work.check)
+        with answers_of_task(task.uid):  # cached apart, dropped once the task's end is journalled (session.finish)
+            return await refine_task(task, source, writer, editor, judge, max_rounds=options.max_rounds,
+                                     accept=accept, seed=options.seed, history=history, on_round=on_round,
+                                     geometry=options.geometry, check=work.check)
     finally:
         work.forget(task)
 

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..backends.settings import remove_batch_files
+from ..backends.response_cache import drop_task_answers
+from ..backends.settings import CACHE_DIR, remove_batch_files
 from ..costs import Tally, cost_lines, cost_report, rounds_of
 from ..files import atomic_write_json
 from ..pricing import load_prices
 from ..acceptance import DEFAULT_ACCEPT
 from ..records import DEFAULT_CONCURRENCY, DEFAULT_GEOMETRY, DEFAULT_MAX_PIXELS, DEFAULT_MAX_ROUNDS, Task
-from ..outcomes import FailureKind, TaskOutcome, TaskStatus
+from ..outcomes import ENDED, FailureKind, TaskOutcome, TaskStatus
 from ..rundir import layout
 from ..rundir.signing import SigningCredentials
 from ..rundir.store import RunStore
@@ -220,6 +221,10 @@ def open_run(tasks: list[Task], run_dir: Path, options: RunOptions,
     summary = RunSummary(Path(run_dir), reconciled=Counter(store.reconciled))
     if removed := remove_batch_files(run_dir):  # any run, --batch or not: only a live batch run needs them
         summary.reconciled["batch_files"] = removed
+    # answers of tasks that ended, left by a process killed between the task's journal line and their removal
+    if removed := drop_task_answers(Path(run_dir) / CACHE_DIR, [uid for uid, record in store.finished.items()
+                                                               if record["status"] in ENDED]):
+        summary.reconciled["cached_answers_of_ended_tasks"] = removed
     mine = [t for t in tasks if in_shard(t, options.shard)]
     summary.tasks = len(mine)
     redo = {TaskStatus.API_FAILED} if options.retry_failed else set()
@@ -288,9 +293,11 @@ class RunSession:
         self.store.close()  # when interrupted: the JSON files are materialised from what finished, the lock released
 
     def finish(self, *outcomes: TaskOutcome) -> None:
-        """Journal finished tasks, count them on the bar, and materialise if it is time to."""
+        """Journal finished tasks, drop the cached answers of those that ended (an api_failed one may continue),
+        count them on the bar, and materialise if it is time to."""
         for outcome in outcomes:
             self.store.finish_task(outcome)
+        drop_task_answers(Path(self.store.run_dir) / CACHE_DIR, [o.task.uid for o in outcomes if o.status in ENDED])
         self.finished_now += len(outcomes)
         self.bar.update(len(outcomes))
         self._show_spend()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import html
+import itertools
 import json
 import re
 import textwrap
@@ -119,7 +120,8 @@ class Echo(JSONHandler):
     Calls are counted per role (runs use --concurrency 1, so the order is fixed): the writer's k-th instruction says
     `variant k % 3`, which the Gemini editor reads back: 0 refuses (SAFETY, text quoting the headers), 1 answers
     text only (EditRefused text_only quotes it), 2 returns the source image. The judge's n-th verdict qualifies
-    when n % 3 == 1; the writer's `fail_writer`-th call is an HTTP 401 whose body quotes the headers."""
+    when n % 3 == 1; the writer's `fail_writer`-th call (the judge's `fail_judge`-th) is an HTTP 401 whose body quotes
+    the headers."""
 
     def do_POST(self):
         state = self.server.state
@@ -136,7 +138,7 @@ class Echo(JSONHandler):
         openai = self.path.endswith("/chat/completions")
         role = _openai_role(body) if openai else _gemini_role(body)
         n = state["calls"][role] = state["calls"].get(role, -1) + 1
-        if role == "writer" and n == state["fail_writer"]:  # 401, or 500 with every header encoded first
+        if n == state.get(f"fail_{role}"):  # 401, or 500 with every header encoded first
             status, text = state["fail_status"], f"{encoded(str(headers))} {echo}"
             return self._json({"error": {"code": status, "message": f"bad key; {text}", "status": "UNAUTHENTICATED"
                                          if status == 401 else "INTERNAL"}}, status)
@@ -249,7 +251,7 @@ def _openai_role(body: dict) -> str:
 @pytest.fixture
 def echo():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    server.state = {"calls": {}, "fail_writer": -1, "fail_status": 401, "token": "", "signed": set()}
+    server.state = {"calls": {}, "fail_writer": -1, "fail_judge": -1, "fail_status": 401, "token": "", "signed": set()}
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -303,7 +305,9 @@ def test_gemini_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
     monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
     monkeypatch.setenv("GEMINI_API_KEY", key)
     monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", f"http://127.0.0.1:{echo.server_port}")
-    echo.state["fail_writer"] = 6  # the third task's first call: its two predecessors took three writer calls each
+    # the third task's second call: its two predecessors took three writer calls each, and its own first round was
+    # refused; the answers of that round stay cached (an api_failed task's, for --retry-failed)
+    echo.state["fail_writer"] = 7
     echo.state["fail_status"] = status
     run_dir, dataset = tmp_path / "run", tmp_path / "dataset"
     printed, records = _generate_and_build(["--sources", str(sources), "--backend", "gemini", "--max-rounds", "3"],
@@ -328,7 +332,9 @@ def test_openai_run_and_dataset_hold_no_key_from_an_echoing_endpoint(echo, sourc
                                                                       status):
     key = f"sk-test/SECRET+{uuid.uuid4()}="
     monkeypatch.setenv("OPENAI_API_KEY", key)
-    echo.state["fail_writer"] = 4  # the third task: the first succeeds in round 2, the second fails after 2 rounds
+    # the third task's judge: the first succeeds in round 2, the second fails after 2 rounds; the third task's
+    # writer answer stays cached (an api_failed task's, for --retry-failed)
+    echo.state["fail_judge"] = 4
     echo.state["fail_status"] = status
     run_dir, dataset = tmp_path / "run", tmp_path / "dataset"
     argv = ["--sources", str(sources), "--backend", "simulator", "--writer", "openai", "--judge", "openai",
@@ -379,6 +385,8 @@ class QuietEcho(JSONHandler):
         key = self.headers["x-goog-api-key"]
         hidden = "." * LONG_RUN + " " + base64.b64encode(b"#" + key.encode()).decode() + " " + encoded_more(key)
         judge = (body.get("generationConfig") or {}).get("responseMimeType") == "application/json"
+        if judge and next(self.server.judged) >= 2:  # the third task ends api_failed: its writer's answer stays cached
+            return self._json({"error": {"code": 500, "message": "down", "status": "INTERNAL"}}, 500)
         text = json.dumps({"has_disease": True, "structure_reasonable": True, "looks_realistic": True,
                            "fidelity_preserved": True, "qualified": True, "reason": "Checked."}) if judge else \
             "Add a small right apical pneumothorax."
@@ -391,6 +399,7 @@ class QuietEcho(JSONHandler):
 def test_a_key_only_in_long_answer_fields_reaches_no_file(sources, tmp_path, monkeypatch, capfd):
     key = f"AIza-test/SECRET+{uuid.uuid4()}="
     server = ThreadingHTTPServer(("127.0.0.1", 0), QuietEcho)
+    server.judged = itertools.count()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
     monkeypatch.setenv("GEMINI_API_KEY", key)
@@ -399,7 +408,7 @@ def test_a_key_only_in_long_answer_fields_reaches_no_file(sources, tmp_path, mon
     try:
         assert main(["generate", "--sources", str(sources), "--out", str(run_dir), "--backend", "gemini", "--editor",
                      "simulator", "--diseases", "Pneumothorax", "--directions", "add", "--max-rounds", "1",
-                     "--concurrency", "1", "--timeout", "20", "-q"]) == 0
+                     "--concurrency", "1", "--max-attempts", "1", "--timeout", "20", "-q"]) == 3
     finally:
         server.shutdown()
         server.server_close()
