@@ -13,9 +13,10 @@ followed; the folder itself may be a link (a cache placed on another disk). A lo
 following a link or blocking (files.open_owned): one that is a symbolic link, a FIFO or a folder is left out with a
 warning, never opened.
 
-A run's task has answers of its own (`answers_of_task`, which the runners enter around each task): they go to
-`DIR/tasks/<tag>/`, one file a record, and `drop_task_answers` removes that folder once the run has journalled the
-task succeeded or failed, when no resume can ask for them again. An api_failed task's stay, for --retry-failed. So
+A run's task has a log of its own (`answers_of_task`, which the runners enter around each task): `DIR/tasks/<tag>.log`,
+held open while the task runs in this process (a resumed task appends to it, after cutting a torn last record), and
+`drop_task_answers` removes it once the run has journalled the task succeeded or failed, when no resume can ask for
+its answers again. An api_failed task's stay, for --retry-failed. So
 the cache holds the answers of the tasks in flight and of the api_failed ones, not a second copy of every image a
 run made (an edit's answer carries its image in base64: 4/3 of the image's bytes).
 """
@@ -26,11 +27,11 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import stat
 import threading
 import time
 import warnings
+import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,8 @@ from typing import Iterable
 from ..files import UnsafeFile, create_new, open_owned
 
 LOG_GLOB = "answers-*.log"
-TASKS = "tasks"  # DIR/tasks/<tag>/: one task's answers
+TASKS = "tasks"  # DIR/tasks/<tag>.log: one task's answers
+_CACHES: "weakref.WeakSet[ResponseCache]" = weakref.WeakSet()  # this process's caches: a task's end closes its logs
 _TASK: ContextVar[str | None] = ContextVar("medbanana_answers_task", default=None)  # the tag answers go under
 
 
@@ -52,33 +54,32 @@ def task_tag(uid: str) -> str:
 def answers_of_task(uid: str):
     """Within it, in this context (and the asyncio tasks started from it), every cache of this process keeps the
     answers it is given in the task's own folder."""
-    token = _TASK.set(task_tag(uid))
+    tag = task_tag(uid)
+    token = _TASK.set(tag)
     try:
         yield
     finally:
         _TASK.reset(token)
+        for cache in list(_CACHES):
+            cache.end_task(tag)
 
 
 def drop_task_answers(cache_root: Path, uids: Iterable[str]) -> int:
-    """Remove the answers of the tasks `uids` from every cache under `cache_root` (a run's medbanana-cache/, one
-    folder per backend): call only once their end is journalled. A link at a task's folder is removed, never
-    followed. Returns how many folders went."""
-    tags, removed = {task_tag(uid) for uid in uids}, 0
-    if not tags or not _real_folder(cache_root):
+    """Remove the logs of the tasks `uids` from every cache under `cache_root` (a run's medbanana-cache/, one
+    folder per backend): call only once their end is journalled. A link at a log's name is removed, never followed.
+    Returns how many logs went."""
+    names, removed = {f"{task_tag(uid)}.log" for uid in uids}, 0
+    if not names or not _real_folder(cache_root):
         return 0
     for backend in os.scandir(cache_root):
         folder = Path(backend.path) / TASKS
         if not backend.is_dir(follow_symlinks=False) or not _real_folder(folder):
             continue
-        for tag in tags if len(tags) < 64 else tags.intersection(os.listdir(folder)):
-            path = folder / tag
+        for name in names if len(names) < 64 else names.intersection(os.listdir(folder)):
             try:
-                if stat.S_ISDIR(os.lstat(path).st_mode):
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
+                (folder / name).unlink()
                 removed += 1
-            except FileNotFoundError:
+            except (FileNotFoundError, IsADirectoryError, PermissionError):  # gone, or a folder: nothing of ours
                 continue
     return removed
 
@@ -109,7 +110,9 @@ class ResponseCache:
         self._legacy = False  # whether the directory holds an earlier layout's files (read with the index)
         self._log: Path | None = None
         self._fd: int | None = None
+        self._task_fds: dict[str, int] = {}  # tag -> its log, open while the task runs here
         self._lock = threading.Lock()
+        _CACHES.add(self)
 
     @staticmethod
     def hash(payload: dict) -> str:
@@ -176,18 +179,12 @@ class ResponseCache:
         header = f"{key} {-1 if body is None else len(body)} {stamp}\n".encode()
         with self._lock:
             index = self._entries()
-            if (tag := _TASK.get()) is not None and (log := self._task_log(tag, stamp)) is not None:
-                try:
-                    fd = create_new(log, 0o644)  # anything already at the name: the record goes to the log below
-                except FileExistsError:
-                    pass
-                else:
-                    try:
-                        os.write(fd, header + (body or b"") + b"\n")
-                    finally:
-                        os.close(fd)
-                    index[key] = _Entry(log, len(header), -1 if body is None else len(body), stamp)
-                    return
+            if (tag := _TASK.get()) is not None and (fd := self._task_fd(tag)) is not None:
+                offset = os.fstat(fd).st_size + len(header)
+                os.write(fd, header + (body or b"") + b"\n")
+                index[key] = _Entry(self.directory / TASKS / f"{tag}.log", offset, -1 if body is None else len(body),
+                                    stamp)
+                return
             if self._fd is None:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._log = self.directory / f"answers-{stamp}-{os.getpid()}.log"
@@ -197,22 +194,42 @@ class ResponseCache:
             os.write(self._fd, header + (body or b"") + b"\n")  # one write: a kill leaves at most one torn record
             index[key] = _Entry(self._log, offset, -1 if body is None else len(body), stamp)
 
-    def _task_log(self, tag: str, stamp: int) -> Path | None:
-        """A new file's name in the task's folder (made here), None where a link stands in the way: the answer then
-        goes to this process's log."""
-        folder = self.directory / TASKS / tag
+    def _task_fd(self, tag: str) -> int | None:
+        """The task's log, open for appending (made, or opened as a file of ours with a torn last record cut off);
+        None where a link or anything but a regular file of ours stands in the way: the answer then goes to this
+        process's log."""
+        if tag in self._task_fds:
+            return self._task_fds[tag]
+        folder = self.directory / TASKS
         self.directory.mkdir(parents=True, exist_ok=True)  # the cache folder itself may be a link (another disk)
-        for path in (folder.parent, folder):
-            with contextlib.suppress(FileExistsError):
-                path.mkdir()
-            if not _real_folder(path):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+        if not _real_folder(folder):
+            return None
+        log = folder / f"{tag}.log"
+        try:
+            fd = create_new(log, 0o644, os.O_APPEND)
+        except FileExistsError:  # the task ran before (a resume, a retry): its log goes on
+            try:
+                fd = open_owned(log, os.O_WRONLY | os.O_APPEND)
+                # a record torn by a kill would hide every record after it: cut it
+                os.ftruncate(fd, max((e.offset + max(e.length, 0) + 1 for _, e in _read_headers(log)), default=0))
+            except (UnsafeFile, OSError):
                 return None
-        return folder / f"answers-{stamp}-{os.getpid()}.log"
+        self._task_fds[tag] = fd
+        return fd
+
+    def end_task(self, tag: str) -> None:
+        """Close the task's log (`answers_of_task` calls it as the task's context ends)."""
+        with self._lock:
+            fd = self._task_fds.pop(tag, None)
+            if fd is not None:
+                os.close(fd)
 
     def _entries(self) -> dict[str, _Entry]:
         if self._index is None:
             index: dict[str, _Entry] = {}
-            logs = [*self.directory.glob(LOG_GLOB), *self.directory.glob(f"{TASKS}/*/{LOG_GLOB}")]
+            logs = [*self.directory.glob(LOG_GLOB), *self.directory.glob(f"{TASKS}/*.log")]
             for log in sorted(logs, key=lambda path: path.name):
                 try:
                     records = list(_read_headers(log))
@@ -229,14 +246,16 @@ class ResponseCache:
 
     def close(self) -> None:
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            for fd in [self._fd, *self._task_fds.values()]:
+                if fd is not None:
+                    os.close(fd)
+            self._fd, self._task_fds = None, {}
 
     def __del__(self):
-        fd, self._fd = getattr(self, "_fd", None), None
-        if fd is not None:
-            os.close(fd)
+        fds, self._fd, self._task_fds = [getattr(self, "_fd", None), *getattr(self, "_task_fds", {}).values()], None, {}
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
 
 
 def _read_headers(log: Path):
