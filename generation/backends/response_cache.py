@@ -16,9 +16,9 @@ warning, never opened.
 A run's task has a log of its own (`answers_of_task`, which the runners enter around each task): `DIR/tasks/<tag>.log`,
 held open while the task runs in this process (a resumed task appends to it, after cutting a torn last record), and
 `drop_task_answers` removes it once the run has journalled the task succeeded or failed, when no resume can ask for
-its answers again. An api_failed task's stay, for --retry-failed. So
-the cache holds the answers of the tasks in flight and of the api_failed ones, not a second copy of every image a
-run made (an edit's answer carries its image in base64: 4/3 of the image's bytes).
+its answers again; an api_failed task's stays, for --retry-failed. So the cache holds the answers of the tasks in
+flight and of the api_failed ones, not a second copy of every image a run made (an edit's answer carries its image
+in base64: 4/3 of the image's bytes).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ _TASK: ContextVar[str | None] = ContextVar("medbanana_answers_task", default=Non
 
 
 def task_tag(uid: str) -> str:
-    """The folder name of a task's answers: a uid names files after its sources (any characters), a tag is hex."""
+    """The name of a task's log: a uid names files after its sources (any characters), a tag is hex."""
     return hashlib.sha256(uid.encode("utf-8")).hexdigest()[:32]
 
 
 @contextlib.contextmanager
 def answers_of_task(uid: str):
-    """Within it, in this context (and the asyncio tasks started from it), every cache of this process keeps the
-    answers it is given in the task's own folder."""
+    """Within it, in this context (and the asyncio tasks started from it), every cache of this process appends the
+    answers it is given to the task's own log, which it closes as the context ends."""
     tag = task_tag(uid)
     token = _TASK.set(tag)
     try:
@@ -252,8 +252,7 @@ class ResponseCache:
             self._fd, self._task_fds = None, {}
 
     def __del__(self):
-        fds, self._fd, self._task_fds = [getattr(self, "_fd", None), *getattr(self, "_task_fds", {}).values()], None, {}
-        for fd in fds:
+        for fd in [getattr(self, "_fd", None), *getattr(self, "_task_fds", {}).values()]:
             if fd is not None:
                 os.close(fd)
 

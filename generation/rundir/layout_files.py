@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import layout
 from ..files import atomic_write_json
-from ..outcomes import TaskStatus
+from ..outcomes import ENDED, TaskStatus
 
 PRIVATE_KEYS = ("key", "api_failure")  # a record's fields that all_conversations.json leaves out
 
@@ -26,7 +26,7 @@ def write_folder_pair(run_dir: Path, dataset: str, direction: str, records: list
     failed_summary.json when a task failed, from all of the pair's finished `records`, in uid order."""
     records = sorted(records, key=lambda r: r["uid"])
     out = layout.output_dir(run_dir, dataset, direction)
-    judged = [r for r in records if r["status"] in (TaskStatus.SUCCESS, TaskStatus.FAILED)]
+    judged = [r for r in records if r["status"] in ENDED]
     # a record read back (a resume, a merge) has been checked (journal.py), but the schema's optional fields may be
     # missing from it: read with .get
     atomic_write_json(out / layout.PROGRESS, {r["key"]: r["status"] for r in records})
