@@ -93,3 +93,22 @@ def test_a_link_at_a_task_s_log_is_neither_written_through_nor_followed_when_dro
     assert drop_task_answers(root, ["t1"]) == 1  # the link goes, what it points to stays
     assert elsewhere.read_text() == "not the cache's"
     assert not (root / "gemini" / "tasks" / f"{task_tag('t1')}.log").is_symlink()
+
+
+def test_a_hard_link_at_a_task_s_log_or_a_link_at_tasks_is_not_written_through(tmp_path):
+    outside = tmp_path / "outside.log"
+    outside.write_bytes(b"")
+    hard = tmp_path / "hard" / "gemini"
+    (hard / "tasks").mkdir(parents=True)
+    os.link(outside, hard / "tasks" / f"{task_tag('t1')}.log")  # one file, two names: writing it changes both
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked" / "gemini"
+    linked.mkdir(parents=True)
+    (linked / "tasks").symlink_to(elsewhere, target_is_directory=True)
+    for cache_dir in (hard, linked):
+        with answers_of_task("t1"):
+            ResponseCache(cache_dir).put_json("k", "{}")
+        assert ResponseCache(cache_dir).read("k") == "{}"  # kept in the process's own log
+        assert len(list(cache_dir.glob("answers-*.log"))) == 1
+    assert outside.read_bytes() == b"" and os.listdir(elsewhere) == []
