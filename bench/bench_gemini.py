@@ -229,7 +229,7 @@ def main() -> None:
         tasks, concurrency, args.latency, args.max_rounds, *target = CASES[args.case]
         args.tasks, args.concurrency = [tasks], [concurrency]
     args.check_in = args.check_in or (["pool", "none"] if args.case else ["pool"])
-    reference = {}  # the figures of the run without per-image work, by (tasks, concurrency, workers)
+    reference = {}  # the case's figure with per-image work (pool or thread), by (tasks, concurrency, workers)
 
     with fake_gemini_and_workdir(args.latency, "gemini") as (base_url, work, server_pid):
         sources = make_sources(work / "sources", max(args.tasks))

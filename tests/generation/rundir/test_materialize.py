@@ -20,8 +20,8 @@ from medbanana.generation.sources.scan import scan_sources
 def _files(out: Path) -> dict[str, tuple[int, bytes]]:
     """Every JSON file of the layout: relative path -> (inode, bytes); an atomic rewrite gives a new inode."""
     found = {}
-    for dataset, direction, folder in layout.find_output_dirs(out):
-        for folder in (folder, layout.failed_dir(out, dataset, direction)):
+    for dataset, direction, accepted in layout.find_output_dirs(out):
+        for folder in (accepted, layout.failed_dir(out, dataset, direction)):
             for path in folder.glob("*.json"):
                 found[path.relative_to(out).as_posix()] = (os.stat(path).st_ino, path.read_bytes())
     return found
